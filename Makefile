@@ -1,0 +1,34 @@
+# Every target installs what it needs first, so a fresh clone needs nothing but python3.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test lint unit demo up clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check libs services cli tests
+	$(VENV)/bin/ruff format --check libs services cli tests
+	$(VENV)/bin/mypy libs/loom services cli/loom_cli
+
+test: lint
+	$(VENV)/bin/pytest -q -ra
+
+unit: install
+	$(VENV)/bin/pytest -q -ra tests/unit
+
+demo: install
+	$(VENV)/bin/loom demo
+
+up: install
+	$(VENV)/bin/loom up
+
+clean:
+	rm -rf $(VENV) .loom .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,168 @@
+"""The embedded deployment: a private nats-server and every service as a supervised subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+
+from loom.natsserver import NatsServer
+from loom.protocol import DecodeError, Health, decode, subjects
+from loom.supervisor import ProcSpec, Supervisor
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("LOOM_HOME", ".loom"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DeployConfig:
+    home: Path
+    workers: int = 4
+    speed: float = 1.0
+    api_port: int = 8080
+    nats_port: int = 0
+    model: str = "qwen3-8b"
+    gpu: str = "h100"
+    tp: int = 1
+    log_level: str = "INFO"
+
+
+class Deployment:
+    def __init__(self, cfg: DeployConfig) -> None:
+        self.cfg = cfg
+        self.nats = NatsServer(cfg.home / "nats", port=cfg.nats_port)
+        self.sup = Supervisor(cfg.home / "logs", on_change=self._write_state)
+        self.api_url = f"http://127.0.0.1:{cfg.api_port}"
+        self.epoch = time.time()
+
+    def service_specs(self) -> list[ProcSpec]:
+        common = {
+            "LOOM_NATS_URL": self.nats.url,
+            "LOOM_SPEED": repr(self.cfg.speed),
+            "LOOM_CLOCK_EPOCH": repr(self.epoch),
+            "LOOM_LOG_LEVEL": self.cfg.log_level,
+            "PYTHONUNBUFFERED": "1",
+        }
+        py = [sys.executable, "-m"]
+        specs = [
+            ProcSpec(
+                "scheduler",
+                [*py, "services.scheduler"],
+                {**common, "LOOM_SCHEDULER_PORT": str(self.cfg.api_port)},
+            ),
+            ProcSpec("router", [*py, "services.router"], common),
+            ProcSpec("predictor", [*py, "services.predictor"], common),
+            ProcSpec("envmgr", [*py, "services.envmgr"], common),
+            ProcSpec("reward", [*py, "services.reward"], common),
+        ]
+        for i in range(self.cfg.workers):
+            env = {
+                **common,
+                "LOOM_ROLLOUT_WORKER_ID": f"w{i}",
+                "LOOM_ROLLOUT_MODEL": self.cfg.model,
+                "LOOM_ROLLOUT_GPU": self.cfg.gpu,
+                "LOOM_ROLLOUT_TP": str(self.cfg.tp),
+            }
+            specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], env))
+        return specs
+
+    async def start(self, wait_s: float = 60.0) -> None:
+        self.cfg.home.mkdir(parents=True, exist_ok=True)
+        await self.nats.start()
+        for spec in self.service_specs():
+            await self.sup.start(spec)
+        self._write_state()
+        await self.wait_healthy(wait_s)
+
+    async def wait_healthy(self, wait_s: float) -> None:
+        want = {
+            "scheduler": 1,
+            "router": 1,
+            "predictor": 1,
+            "envmgr": 1,
+            "reward": 1,
+            "rollout": self.cfg.workers,
+        }
+        deadline = time.monotonic() + wait_s
+        seen: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            seen = {s: len(hs) for s, hs in (await gather_health(self.nats.url, 0.5)).items()}
+            if all(seen.get(s, 0) >= n for s, n in want.items()):
+                return
+            dead = [n for n, p in self.sup.procs.items() if p.restarts > 3]
+            if dead:
+                raise RuntimeError(f"services keep crashing: {dead}; see {self.cfg.home / 'logs'}")
+            await asyncio.sleep(0.3)
+        raise RuntimeError(f"services not healthy after {wait_s:.0f} s: {seen}; see {self.cfg.home / 'logs'}")
+
+    def _write_state(self) -> None:
+        state = {
+            "nats_url": self.nats.url,
+            "api_url": self.api_url,
+            "pids": self.sup.pids(),
+            "supervisor_pid": os.getpid(),
+            "speed": self.cfg.speed,
+            "epoch": self.epoch,
+        }
+        tmp = self.cfg.home / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.cfg.home / STATE_FILE)
+
+    async def stop(self) -> None:
+        await self.sup.stop()
+        await self.nats.stop()
+        (self.cfg.home / STATE_FILE).unlink(missing_ok=True)
+
+
+async def gather_health(nats_url: str, wait: float = 1.0) -> dict[str, list[Health]]:
+    """Ask every instance of every service for its health; each instance answers the same inbox."""
+    out: dict[str, list[Health]] = {s: [] for s in subjects.SERVICES}
+    nc = await nats.connect(nats_url, connect_timeout=3, max_reconnect_attempts=0)
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        for s in subjects.SERVICES:
+            await nc.publish(subjects.health(s), b"", reply=inbox)
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except TimeoutError:
+                break
+            if not msg.data:  # the server's "no responders" status for a service not up yet
+                continue
+            try:
+                h = decode(msg.data, Health)
+            except DecodeError:
+                continue
+            out.setdefault(h.service, []).append(h)
+    finally:
+        await nc.close()
+    return out
+
+
+def read_state(home: Path) -> dict[str, object]:
+    path = home / STATE_FILE
+    if not path.exists():
+        raise SystemExit(f"no running Loom found ({path} missing): start one with `loom up`")
+    data: dict[str, object] = json.loads(path.read_text())
+    return data

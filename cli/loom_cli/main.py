@@ -1,0 +1,160 @@
+"""``loom``: run the embedded system, submit jobs, read results."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from loom import logs
+from loom_cli.client import ApiError, LoomClient
+from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
+
+
+def _api(args: argparse.Namespace) -> LoomClient:
+    url = args.api or str(read_state(args.home)["api_url"])
+    return LoomClient(url)
+
+
+async def _up(args: argparse.Namespace) -> int:
+    cfg = DeployConfig(
+        home=args.home,
+        workers=args.workers,
+        speed=args.speed,
+        api_port=args.port,
+        nats_port=args.nats_port,
+        model=args.model,
+        gpu=args.gpu,
+        log_level=args.log_level,
+    )
+    dep = Deployment(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await dep.start()
+        print(f"Loom is up: API {dep.api_url}, NATS {dep.nats.url}, logs {cfg.home / 'logs'}", flush=True)
+        print("Ctrl-C stops everything.", flush=True)
+        await stop.wait()
+    finally:
+        print("stopping...", file=sys.stderr, flush=True)
+        await dep.stop()
+    return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    state = read_state(args.home)
+    health = await gather_health(str(state["nats_url"]), wait=1.0)
+    t = Table(title=f"Loom at {state['api_url']}")
+    for c in ("service", "instance", "pid", "up (s)", "details"):
+        t.add_column(c)
+    missing = []
+    for svc, hs in health.items():
+        if not hs:
+            missing.append(svc)
+            t.add_row(svc, "-", "-", "-", "[red]no answer[/]")
+        for h in sorted(hs, key=lambda h: h.instance):
+            t.add_row(svc, h.instance, str(h.pid), f"{h.uptime_s:.0f}", json.dumps(h.details)[:80])
+    Console().print(t)
+    return 1 if missing else 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    spec = json.loads(Path(args.file).read_text())
+    client = _api(args)
+    job = client.submit(spec)
+    print(json.dumps({"id": job["id"], "state": job["state"], "n_trajectories": job["n_trajectories"]}))
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    client = _api(args)
+    out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
+    try:
+        for line in client.trajectories(args.job):
+            out.write(line + b"\n")
+    finally:
+        if args.out:
+            out.close()
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    job = _api(args).cancel(args.job)
+    print(json.dumps({"id": job["id"], "state": job["state"]}))
+    return 0
+
+
+def _job(args: argparse.Namespace) -> int:
+    print(json.dumps(_api(args).job(args.job), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loom", description=__doc__)
+    p.add_argument("--home", type=Path, default=default_home(), help="state directory of `loom up` (.loom)")
+    p.add_argument("--api", help="scheduler URL (default: from the running `loom up`)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="start nats-server and every service, supervised; Ctrl-C stops")
+    up.add_argument("--workers", type=int, default=4, help="simulated rollout workers")
+    up.add_argument("--speed", type=float, default=1.0, help="simulated time runs this many times faster")
+    up.add_argument("--port", type=int, default=8080, help="scheduler REST port")
+    up.add_argument("--nats-port", type=int, default=0, help="NATS port (0: any free port)")
+    up.add_argument("--model", default="qwen3-8b")
+    up.add_argument("--gpu", default="h100")
+    up.add_argument("--log-level", default="INFO")
+
+    sub.add_parser("status", help="health of every service instance")
+    s = sub.add_parser("submit", help="submit a job spec (JSON file)")
+    s.add_argument("file")
+    r = sub.add_parser("results", help="a job's scored trajectories as NDJSON")
+    r.add_argument("job")
+    r.add_argument("-o", "--out", help="write to this file instead of stdout")
+    c = sub.add_parser("cancel", help="cancel a job")
+    c.add_argument("job")
+    j = sub.add_parser("job", help="a job's status")
+    j.add_argument("job")
+
+    d = sub.add_parser("demo", help="run a replayed demo job end to end and print a summary")
+    d.add_argument("--prompts", type=int, default=8)
+    d.add_argument("--samples", type=int, default=8)
+    d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--speed", type=float, default=20.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logs.configure("loom", "WARNING")
+    try:
+        if args.cmd == "up":
+            rc = asyncio.run(_up(args))
+        elif args.cmd == "status":
+            rc = asyncio.run(_status(args))
+        elif args.cmd == "demo":
+            from loom_cli.demo import run_demo
+
+            rc = asyncio.run(run_demo(args.prompts, args.samples, args.workers, args.speed, None))
+        else:
+            rc = {"submit": _submit, "results": _results, "cancel": _cancel, "job": _job}[args.cmd](args)
+    except ApiError as e:
+        print(f"loom: {e}", file=sys.stderr)
+        rc = 2
+    except KeyboardInterrupt:
+        rc = 130
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

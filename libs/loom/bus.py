@@ -1,0 +1,148 @@
+"""NATS helpers: connect with reconnect, typed request with deadline, idempotent streams and KV buckets."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
+
+from loom.protocol import DecodeError, ErrorReply, decode, encode, subjects
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Payload ceiling for one message. A trajectory with 145 steps of 3 kB actions and observations must fit.
+MAX_PAYLOAD = 8 * 1024 * 1024
+
+
+class BusError(RuntimeError):
+    """The other side answered with an error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+async def connect(url: str, name: str, *, max_reconnect_attempts: int = -1) -> NATS:
+    """Connect and keep reconnecting forever; a service outlives NATS restarts."""
+
+    async def on_error(e: Exception) -> None:
+        log.warning("nats error: %s", e)
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    return await nats.connect(
+        servers=[url],
+        name=name,
+        max_reconnect_attempts=max_reconnect_attempts,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        pending_size=64 * 1024 * 1024,
+    )
+
+
+async def request(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
+    """Typed request/reply: raises ``BusError`` when the responder sends an ``ErrorReply``."""
+    msg = await nc.request(subject, encode(payload), timeout=timeout_s)
+    return decode_reply(msg.data, reply_type)
+
+
+def decode_reply(data: bytes, reply_type: type[T]) -> T:
+    # ErrorReply is tagged, so it only decodes from an error; reply types need no tag of their own.
+    try:
+        err = decode(data, ErrorReply)
+    except DecodeError:
+        return decode(data, reply_type)
+    raise BusError(err.code, err.message)
+
+
+def _stream_configs() -> list[StreamConfig]:
+    common: dict[str, Any] = {"storage": StorageType.FILE, "max_msg_size": MAX_PAYLOAD}
+    return [
+        StreamConfig(
+            name=subjects.STREAM_TRAJWORK,
+            subjects=subjects.STREAM_TRAJWORK_SUBJECTS,
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=600.0,
+            **common,
+        ),
+        StreamConfig(
+            name=subjects.STREAM_REWARD,
+            subjects=subjects.STREAM_REWARD_SUBJECTS,
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=600.0,
+            **common,
+        ),
+        StreamConfig(
+            name=subjects.STREAM_RESULTS,
+            subjects=subjects.STREAM_RESULTS_SUBJECTS,
+            retention=RetentionPolicy.LIMITS,
+            # Result idempotency: a redelivered reward request republishes under the same Nats-Msg-Id.
+            duplicate_window=3600.0,
+            discard=DiscardPolicy.OLD,
+            allow_direct=True,
+            **common,
+        ),
+        StreamConfig(
+            name=subjects.STREAM_DLQ,
+            subjects=subjects.STREAM_DLQ_SUBJECTS,
+            retention=RetentionPolicy.LIMITS,
+            max_age=7 * 24 * 3600.0,
+            **common,
+        ),
+    ]
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config=config)
+    except BadRequestError as e:
+        if e.err_code != 10058:  # "stream name already in use with a different configuration"
+            raise
+        await js.update_stream(config=config)
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    """Create Loom's streams and KV buckets; safe to call from every service at every start."""
+    for cfg in _stream_configs():
+        await ensure_stream(js, cfg)
+    await ensure_kv(js, subjects.KV_JOBS)
+    await ensure_kv(js, subjects.KV_TRAJ)
+    await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
+
+
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, ttl: float | None = None, history: int = 1
+) -> KeyValue:
+    try:
+        return await js.key_value(bucket)
+    except Exception:  # bucket missing: create it (NotFoundError or BucketNotFoundError by version)
+        cfg = KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE)
+        try:
+            return await js.create_key_value(config=cfg)
+        except BadRequestError:
+            return await js.key_value(bucket)  # another service won the race
+
+
+def kv_key(*parts: str) -> str:
+    return ".".join(parts)

@@ -1,0 +1,1 @@
+"""Inference engines behind the rollout service: one interface, simulated and SGLang implementations."""

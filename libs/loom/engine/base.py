@@ -1,0 +1,78 @@
+"""The ``Engine`` interface the rollout service drives. Times are simulated seconds of the engine's clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    kind: str  # "sim" | "sglang"
+    model: str
+    gpu: str
+    tp: int
+    max_running: int
+    kv_capacity_tokens: int
+
+
+@dataclass
+class EngineRequest:
+    rid: str
+    input_len: int
+    max_new_tokens: int
+    input_ids: list[int] | None = None
+    # Requests with the same prefix_key share a cached prefix (one trajectory's growing context).
+    prefix_key: str | None = None
+    ignore_eos: bool = False
+    # Larger value = served first (SGLang's convention with --enable-priority-scheduling).
+    priority: float = 0.0
+
+
+@dataclass
+class EngineOutput:
+    rid: str
+    output_len: int
+    finish_reason: Literal["length", "stop", "abort"]
+    output_ids: list[int] | None = None
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    cached_tokens: int = 0
+    weight_version: str = ""
+
+
+@dataclass
+class EngineLoad:
+    running: int
+    waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    generated_tokens: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        """Abort everything in flight and release resources."""
+
+    async def generate(self, req: EngineRequest) -> EngineOutput:
+        """Run one request to completion. Cancelling the awaiting task aborts the request."""
+
+    async def abort(self, rid: str) -> bool:
+        """Abort a queued or running request; its ``generate`` returns with finish_reason "abort"."""
+
+    def load(self) -> EngineLoad: ...
+
+    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
+        """Prefill ``input_len`` tokens of ``prefix_key`` into the prefix cache (migration target warm-up)."""
+
+    async def update_weights(self, version: str) -> None: ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...

@@ -1,0 +1,238 @@
+"""Roofline performance model of one engine iteration: GPU datasheet x model config x efficiencies.
+
+An iteration's time is a fixed overhead, plus the larger of its compute time and its memory time (each at
+an achieved fraction of the datasheet peak), plus the tensor-parallel all-reduces. The efficiencies live in
+one table keyed by GPU so that calibration against measured points replaces numbers, not code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_GIB = 1024**3
+_BF16 = 2  # bytes per weight and per KV element
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    bf16_tflops: float  # dense
+    mem_bw_tbps: float
+    memory_gib: float
+    nvlink_gbps: float  # datasheet figure, both directions together
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("h100", bf16_tflops=989.0, mem_bw_tbps=3.35, memory_gib=80.0, nvlink_gbps=900.0),
+        GpuSpec("h800", bf16_tflops=989.0, mem_bw_tbps=3.35, memory_gib=80.0, nvlink_gbps=400.0),
+        GpuSpec("h20", bf16_tflops=148.0, mem_bw_tbps=4.0, memory_gib=96.0, nvlink_gbps=900.0),
+        GpuSpec("h200", bf16_tflops=989.0, mem_bw_tbps=4.8, memory_gib=141.0, nvlink_gbps=900.0),
+        GpuSpec("a100", bf16_tflops=312.0, mem_bw_tbps=2.0, memory_gib=80.0, nvlink_gbps=600.0),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A dense decoder-only transformer with grouped-query attention and a gated MLP (Qwen3 layout)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    head_dim: int = 128
+    vocab: int = 151936
+    tie_embeddings: bool = False
+
+    @property
+    def attn_params(self) -> int:
+        """Per layer: q, k, v and o projections (Qwen3 has no qkv bias)."""
+        return (
+            self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+            + self.heads * self.head_dim * self.hidden
+        )
+
+    @property
+    def mlp_params(self) -> int:
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def layer_params(self) -> int:
+        # Two RMSNorms over hidden plus Qwen3's q/k norms over head_dim.
+        return self.attn_params + self.mlp_params + 2 * self.hidden + 2 * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        embeddings = self.embedding_params * (1 if self.tie_embeddings else 2)
+        return self.layers * self.layer_params + self.hidden + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * _BF16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * _BF16
+
+    @property
+    def weight_bytes_read(self) -> int:
+        """Bytes one forward pass streams from memory: an untied input embedding is only gathered by row."""
+        return self.weight_bytes - (0 if self.tie_embeddings else self.embedding_params * _BF16)
+
+
+MODELS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in (
+        ModelConfig(
+            "qwen3-0.6b", layers=28, hidden=1024, heads=16, kv_heads=8, intermediate=3072, tie_embeddings=True
+        ),
+        ModelConfig("qwen3-8b", layers=36, hidden=4096, heads=32, kv_heads=8, intermediate=12288),
+        ModelConfig("qwen3-14b", layers=40, hidden=5120, heads=40, kv_heads=8, intermediate=17408),
+        ModelConfig("qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, intermediate=25600),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of datasheet peaks, and fixed costs, for one GPU kind."""
+
+    compute: float = 0.68
+    memory: float = 0.70
+    overhead_s: float = 0.0005  # scheduling, kernel launches and sampling per iteration
+    link: float = 0.75
+    allreduce_latency_s: float = 10e-6
+
+
+# Default: Vidur's H100 profile of Llama-2-7B (about 0.69 of peak bandwidth in the flat decode region,
+# about 0.66-0.69 of peak FLOPs at 1-2K tokens). H20: fitted to Qwen's SGLang decode speeds at batch 1
+# (Qwen3-8B 81.7, 14B 47.1, 32B 20.7 tok/s); its few SMs keep small-batch GEMVs far from peak bandwidth.
+EFFICIENCY: dict[str, Efficiency] = {
+    "h20": Efficiency(memory=0.342, overhead_s=0.001),
+}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}") from None
+
+
+def model_config(name: str) -> ModelConfig:
+    try:
+        return MODELS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+class PerfModel:
+    def __init__(
+        self,
+        gpu: GpuSpec | str,
+        model: ModelConfig | str,
+        tp: int = 1,
+        efficiency: Efficiency | None = None,
+        activation_reserve_gib: float = 1.0,
+    ) -> None:
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        self.gpu = gpu_spec(gpu) if isinstance(gpu, str) else gpu
+        self.model = model_config(model) if isinstance(model, str) else model
+        self.tp = tp
+        self.efficiency = efficiency or EFFICIENCY.get(self.gpu.name, Efficiency())
+        self.activation_reserve_gib = activation_reserve_gib
+        m, eff = self.model, self.efficiency
+        # KV heads are split across ranks; beyond kv_heads ranks they are replicated.
+        self._kv_shards = min(tp, m.kv_heads)
+        flops_rate = self.gpu.bf16_tflops * 1e12 * eff.compute * tp
+        byte_rate = self.gpu.mem_bw_tbps * 1e12 * eff.memory
+        self._s_per_token = 2 * m.layers * (m.attn_params + m.mlp_params) / flops_rate
+        self._s_per_logit_row = 2 * m.embedding_params / flops_rate
+        # QK^T and PV: 2 FLOPs each per (query, key, head, head_dim element).
+        self._s_per_attn_pair = 4 * m.layers * m.heads * m.head_dim / flops_rate
+        self._weights_s = m.weight_bytes_read / tp / byte_rate
+        self._s_per_kv_token = m.kv_bytes_per_token / self._kv_shards / byte_rate
+        if tp > 1:
+            # Two ring all-reduces of the hidden state per layer; NVLink's figure counts both directions.
+            link_rate = self.gpu.nvlink_gbps * 1e9 / 2 * eff.link
+            n_allreduce = 2 * m.layers
+            self._comm_s = n_allreduce * eff.allreduce_latency_s
+            self._comm_s_per_token = n_allreduce * 2 * (tp - 1) / tp * m.hidden * _BF16 / link_rate
+        else:
+            self._comm_s = self._comm_s_per_token = 0.0
+
+    def iteration_time(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        decode_kv_tokens: int,
+        prefill_attended: float | None = None,
+    ) -> float:
+        """Seconds for one iteration that prefills ``prefill_tokens`` and decodes one token for each of
+        ``decode_seqs`` sequences holding ``decode_kv_tokens`` of context in total.
+
+        ``prefill_attended`` is the number of (query, key) pairs the prefill attends over; by default the
+        chunk is taken as one fresh causal sequence.
+        """
+        if prefill_attended is None:
+            prefill_attended = prefill_tokens * (prefill_tokens + 1) / 2
+        tokens = prefill_tokens + decode_seqs
+        compute = (
+            tokens * self._s_per_token
+            + decode_seqs * self._s_per_logit_row
+            + (prefill_attended + decode_kv_tokens) * self._s_per_attn_pair
+        )
+        memory = self._weights_s + decode_kv_tokens * self._s_per_kv_token
+        comm = self._comm_s + tokens * self._comm_s_per_token if self.tp > 1 else 0.0
+        return self.efficiency.overhead_s + max(compute, memory) + comm
+
+    def decode_span(self, decode_seqs: int, decode_kv_tokens: int, iterations: int) -> float:
+        """Seconds for ``iterations`` pure decode iterations of ``decode_seqs`` sequences whose context grows
+        by one token each per iteration, starting from ``decode_kv_tokens``: the exact sum of
+        ``iteration_time`` over them, in O(1), so that a simulator can jump over them at once."""
+        if iterations <= 0:
+            return 0.0
+        d, n = decode_seqs, iterations
+        # Compute time a + b*i and memory time p + q*i at iteration i; both are linear in the context.
+        a = d * (self._s_per_token + self._s_per_logit_row) + decode_kv_tokens * self._s_per_attn_pair
+        b = d * self._s_per_attn_pair
+        p = self._weights_s + decode_kv_tokens * self._s_per_kv_token
+        q = d * self._s_per_kv_token
+        fixed = self.efficiency.overhead_s + (
+            self._comm_s + d * self._comm_s_per_token if self.tp > 1 else 0.0
+        )
+        if b == q:
+            split = 0 if a >= p else n
+        elif b > q:  # compute-bound from the crossing on
+            split = min(n, max(0, math.ceil((p - a) / (b - q))))
+        else:
+            split = min(n, max(0, math.floor((p - a) / (b - q)) + 1))
+        if b >= q:
+            bounded = _arith(p, q, 0, split) + _arith(a, b, split, n)
+        else:
+            bounded = _arith(a, b, 0, split) + _arith(p, q, split, n)
+        return n * fixed + bounded
+
+    def kv_capacity_tokens(self, mem_fraction: float = 0.9) -> int:
+        """KV-cache tokens that fit beside the weights and activations (SGLang's ``mem_fraction_static``)."""
+        budget = self.gpu.memory_gib * _GIB * self.tp * mem_fraction
+        reserve = self.activation_reserve_gib * _GIB * self.tp
+        per_token = self.model.kv_bytes_per_token * self.tp / self._kv_shards
+        return max(0, int((budget - self.model.weight_bytes - reserve) // per_token))
+
+
+def _arith(a: float, b: float, lo: int, hi: int) -> float:
+    """Sum of a + b*i over lo <= i < hi."""
+    if hi <= lo:
+        return 0.0
+    return (hi - lo) * a + b * (lo + hi - 1) * (hi - lo) / 2

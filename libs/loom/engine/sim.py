@@ -1,0 +1,153 @@
+"""The simulated engine: ``SimCore`` driven in real time (optionally sped up) by a ``Clock``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+from loom.clock import Clock
+from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.perf import PerfModel
+from loom.engine.sim_core import SimCore
+
+__all__ = ["SimCore", "SimEngine"]
+
+
+class SimEngine:
+    """An ``Engine`` whose GPU is ``SimCore``; simulated time is ``clock.now()``.
+
+    One background task advances the core to the clock, resolves finished requests, then sleeps until the
+    core's next event or until a submission, abort or control call wakes it.
+    """
+
+    def __init__(
+        self,
+        model: str = "qwen3-8b",
+        gpu: str = "h100",
+        tp: int = 1,
+        clock: Clock | None = None,
+        max_running: int = 256,
+        mem_fraction: float = 0.9,
+    ) -> None:
+        self.perf = PerfModel(gpu, model, tp)
+        capacity = self.perf.kv_capacity_tokens(mem_fraction)
+        if capacity <= 0:
+            raise ValueError(f"{model} does not fit on {tp} x {gpu} at mem_fraction {mem_fraction}")
+        self.clock = clock or Clock()
+        self.core = SimCore(self.perf, capacity, max_running=max_running, start=self.clock.now())
+        self.info = EngineInfo(
+            kind="sim", model=model, gpu=gpu, tp=tp, max_running=max_running, kv_capacity_tokens=capacity
+        )
+        self._futures: dict[str, asyncio.Future[EngineOutput]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._paused = False
+        self._closed = False
+        self._warm_ids = itertools.count()
+
+    async def start(self) -> None:
+        if self._closed:
+            raise RuntimeError("SimEngine is closed")
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"sim-engine-{self.info.model}")
+
+    async def close(self) -> None:
+        self._closed = True
+        for rid in list(self._futures):
+            self._abort(rid)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def generate(self, req: EngineRequest) -> EngineOutput:
+        if self._task is None or self._task.done() or self._closed:
+            raise RuntimeError("SimEngine is not running: await start() first")
+        self.core.submit(req, self.clock.now())
+        future = asyncio.get_running_loop().create_future()
+        self._futures[req.rid] = future
+        self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abort(req.rid)
+            raise
+        finally:
+            if self._futures.get(req.rid) is future:
+                del self._futures[req.rid]
+
+    async def abort(self, rid: str) -> bool:
+        return self._abort(rid)
+
+    def load(self) -> EngineLoad:
+        return self.core.load()
+
+    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
+        # A prefill-only request, as on SGLang: it queues, pays the prefill, and leaves the prefix cached.
+        rid = f"warm-{next(self._warm_ids)}:{prefix_key}"
+        await self.generate(
+            EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
+        )
+
+    async def update_weights(self, version: str) -> None:
+        # Requests finished before the update carry the old version.
+        self._catch_up()
+        self.core.weight_version = version
+
+    async def pause(self) -> None:
+        self._catch_up()
+        self._paused = True
+        self._wake.set()
+
+    async def resume(self) -> None:
+        if self._paused:
+            self.core.stall(self.clock.now())
+            self._paused = False
+            self._wake.set()
+
+    def _abort(self, rid: str) -> bool:
+        self._catch_up()
+        out = self.core.abort(rid, self.clock.now())
+        if out is None:
+            return False
+        self._deliver([out])
+        self._wake.set()
+        return True
+
+    def _catch_up(self) -> None:
+        if not self._paused:
+            self._deliver(self.core.advance(self.clock.now()))
+
+    def _deliver(self, outputs: list[EngineOutput]) -> None:
+        for out in outputs:
+            future = self._futures.get(out.rid)
+            if future is not None and not future.done():
+                future.set_result(out)
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:
+            # A broken core must not leave callers waiting forever.
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            delay: float | None = None
+            if not self._paused:
+                self._catch_up()
+                event = self.core.next_event_time()
+                if event is not None:
+                    delay = self.clock.to_wall(event - self.clock.now())
+            if delay is not None and delay <= 0:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()

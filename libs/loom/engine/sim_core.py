@@ -1,0 +1,424 @@
+"""Deterministic event-driven core of the simulated engine: continuous batching in simulated time.
+
+Each iteration prefills up to ``prefill_budget`` uncached tokens (chunked) and decodes one token for
+every sequence past its prefill; its duration comes from the performance model. Runs of pure-decode
+iterations with the same batch are taken in one jump up to the next event (a finish, the KV cache filling,
+an arrival, or the time asked for), so simulating costs O(events), not O(tokens).
+
+Every request produces exactly ``max_new_tokens`` (as with ``ignore_eos``): replayed workloads emit their
+recorded token counts, so the simulator never stops early.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Literal
+
+from loom.engine.base import EngineLoad, EngineOutput, EngineRequest
+from loom.engine.perf import PerfModel
+from loom.engine.prefix_cache import PrefixCache
+
+_WAITING, _PREFILL, _DECODE, _DONE = range(4)
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    req: EngineRequest
+    seq: int  # submission order: FIFO among equal priorities
+    mark: float  # when the current phase (queue, prefill, decode) began
+    state: int = _WAITING
+    generated: int = 0
+    step0: int = 0  # decode step at which ``generated`` was last brought up to date
+    finish_step: int = 0
+    cached: int = 0  # tokens of context reused from the prefix cache in the current admission
+    prefill_left: int = 0
+    first_cached: int = -1
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def context(self) -> int:
+        return self.req.input_len + self.generated
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """A planned run of iterations with one batch: one iteration when it prefills, else many decodes."""
+
+    start: float
+    end: float
+    iters: int
+    decoders: int
+    decode_kv: int
+    growth: int  # KV tokens added per iteration
+    prefill: list[tuple[_Seq, int]] = field(default_factory=list)
+
+
+class SimCore:
+    def __init__(
+        self,
+        perf: PerfModel,
+        kv_capacity: int,
+        max_running: int = 256,
+        prefill_budget: int = 8192,
+        reserve_ratio: float = 0.1,
+        start: float = 0.0,
+    ) -> None:
+        if kv_capacity <= 0 or max_running < 1 or prefill_budget < 1:
+            raise ValueError("kv_capacity, max_running and prefill_budget must be positive")
+        if not 0.0 <= reserve_ratio <= 1.0:
+            raise ValueError(f"reserve_ratio must be in [0, 1], got {reserve_ratio}")
+        self.perf = perf
+        self.kv_capacity = kv_capacity
+        self.max_running = max_running
+        self.prefill_budget = prefill_budget
+        # Admission keeps this fraction of the running sequences' remaining output free, like SGLang's
+        # new_token_ratio, so that a full cache does not retract the request it has just admitted.
+        self.reserve_ratio = reserve_ratio
+        self.weight_version = ""
+        self.cache = PrefixCache()
+        self.generated_tokens = 0
+        self.retractions = 0
+        self._now = start
+        self._step = 0  # iterations run so far; a decoding sequence gains one token per step
+        self._seq = 0
+        self._reqs: dict[str, _Seq] = {}
+        self._arrivals: list[tuple[float, int, str]] = []  # not yet visible to the scheduler
+        self._queue: list[tuple[float, int, str]] = []  # (-priority, seq, rid)
+        self._waiting = 0
+        self._running: dict[str, _Seq] = {}
+        self._prefilling: dict[str, _Seq] = {}  # admission order: the chunked prefill goes first
+        self._decoding: dict[str, _Seq] = {}
+        self._finishes: list[tuple[int, int, str]] = []  # (finish_step, seq, rid) of decoding sequences
+        self._decode_kv = 0  # context of all decoding sequences together
+        self._private = 0  # KV held by running sequences beyond what they reuse from the prefix cache
+        self._remaining = 0  # tokens the running sequences have still to generate
+        self._chunk: _Chunk | None = None
+        self._outbox: list[EngineOutput] = []
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self.cache.tokens + self._private
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            running=len(self._running),
+            waiting=self._waiting,
+            kv_used_tokens=self.kv_used_tokens,
+            kv_capacity_tokens=self.kv_capacity,
+            generated_tokens=self.generated_tokens,
+            extra={
+                "cached_tokens": float(self.cache.tokens),
+                "evictable_tokens": float(self.cache.evictable),
+                "retractions": float(self.retractions),
+            },
+        )
+
+    def submit(self, req: EngineRequest, now: float) -> None:
+        """Queue ``req``, arriving at ``now``; it joins the first iteration that starts at or after then."""
+        if req.rid in self._reqs:
+            raise ValueError(f"request {req.rid!r} is already in flight")
+        if req.input_len < 0 or req.max_new_tokens < 0:
+            raise ValueError(f"request {req.rid!r} has negative lengths")
+        if req.input_len + req.max_new_tokens > self.kv_capacity:
+            raise ValueError(
+                f"request {req.rid!r} needs {req.input_len + req.max_new_tokens} KV tokens, "
+                f"the engine holds {self.kv_capacity}"
+            )
+        arrival = max(now, self._now)
+        self._seq += 1
+        s = _Seq(req, self._seq, mark=arrival)
+        self._reqs[req.rid] = s
+        heapq.heappush(self._arrivals, (arrival, s.seq, req.rid))
+        self._waiting += 1
+        self._chunk = None
+
+    def abort(self, rid: str, now: float) -> EngineOutput | None:
+        """Abort a waiting or running request, freeing its KV; its output, or None if it is not in flight."""
+        s = self._reqs.get(rid)
+        if s is None:
+            return None
+        now = max(now, self._now)
+        if s.state == _WAITING:
+            self._waiting -= 1
+            s.queue_s += max(0.0, now - s.mark)
+        else:
+            self._leave_running(s, now, keep_cache=False)
+        self._chunk = None
+        return self._close(s, "abort")
+
+    def stall(self, until: float) -> None:
+        """Let simulated time pass with no iterations (a paused engine); queued work keeps waiting."""
+        self._chunk = None
+        self._now = max(self._now, until)
+
+    def next_event_time(self) -> float | None:
+        """When ``advance`` next has something to do, or None if the engine is idle with nothing queued.
+
+        Planning the next run of iterations commits its scheduling decisions (admissions, retractions)
+        at its start time, which is ``now``."""
+        if not self._outbox and self._chunk is None:
+            self._chunk = self._plan()
+        if self._outbox:
+            return self._now
+        if self._chunk is not None:
+            return self._chunk.end
+        return self._next_arrival()
+
+    def advance(self, until: float) -> list[EngineOutput]:
+        """Run every iteration that ends by ``until``; return the requests finished (or aborted at
+        admission) since the last call."""
+        while True:
+            if self._chunk is None:
+                self._chunk = self._plan()
+            chunk = self._chunk
+            if chunk is None:
+                arrival = self._next_arrival()
+                if arrival is not None and arrival <= until:
+                    self._now = max(self._now, arrival)
+                    continue
+                self._now = max(self._now, until)
+                break
+            if chunk.end <= until:
+                self._commit(chunk, chunk.iters)
+                continue
+            if not chunk.prefill and chunk.iters > 1:
+                iters = self._iters_within(chunk, until - chunk.start)
+                if iters:
+                    self._commit(chunk, iters)
+            break
+        out, self._outbox = self._outbox, []
+        return out
+
+    # Scheduling
+
+    def _plan(self) -> _Chunk | None:
+        while self._arrivals and self._arrivals[0][0] <= self._now:
+            _, seq, rid = heapq.heappop(self._arrivals)
+            s = self._reqs.get(rid)
+            if s is not None and s.seq == seq:
+                heapq.heappush(self._queue, (-s.req.priority, seq, rid))
+        prefill, budget, growth = self._prefill_plan()
+        while self._running and self._avail() < growth:
+            self._retract(min(self._running.values(), key=lambda s: (s.req.priority, -s.seq)))
+            prefill, budget, growth = self._prefill_plan()
+        while len(self._running) < self.max_running:
+            s = self._queue_head()
+            if s is None:
+                break
+            key = s.req.prefix_key
+            cached = min(self.cache.length(key), s.context) if key is not None else 0
+            uncached = s.context - cached
+            take = min(uncached, budget)
+            if uncached and not take:
+                break
+            grows = int(take == uncached and s.generated < s.req.max_new_tokens)
+            pinned = self.cache.pin_gain(key, cached) if key is not None else 0
+            later = self._remaining + s.req.max_new_tokens - s.generated - grows
+            if uncached + grows + pinned + self.reserve_ratio * later > self._avail() - growth:
+                break  # strict priority order: nothing jumps the head of the queue
+            heapq.heappop(self._queue)
+            self._admit(s, cached)
+            if take:
+                prefill.append((s, take))
+                budget -= take
+            growth += grows
+        if not self._running:
+            return None
+        decoders = len(self._decoding)
+        if prefill:
+            attended = sum(take * (s.context - s.prefill_left) + take * (take + 1) / 2 for s, take in prefill)
+            tokens = sum(take for _, take in prefill)
+            dt = self.perf.iteration_time(tokens, decoders, self._decode_kv, attended)
+            return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, growth, prefill)
+        # Pure decode: the batch stays the same until a sequence finishes or the KV cache fills, since a
+        # blocked queue head stays blocked while the running sequences only grow.
+        iters = min(self._next_finish_step() - self._step, self._avail() // decoders)
+        chunk = _Chunk(self._now, 0.0, iters, decoders, self._decode_kv, decoders)
+        arrival = self._next_arrival()
+        if arrival is not None:
+            chunk.iters = min(iters, self._iters_within(chunk, arrival - self._now) + 1)
+        chunk.end = self._now + self.perf.decode_span(decoders, self._decode_kv, chunk.iters)
+        return chunk
+
+    def _prefill_plan(self) -> tuple[list[tuple[_Seq, int]], int, int]:
+        """Budget shares of the running prefills, the budget left, and the KV growth of one iteration."""
+        prefill = []
+        budget = self.prefill_budget
+        growth = len(self._decoding)
+        for s in self._prefilling.values():
+            take = min(s.prefill_left, budget)
+            if not take:
+                break
+            prefill.append((s, take))
+            budget -= take
+            growth += int(take == s.prefill_left and s.generated < s.req.max_new_tokens)
+        return prefill, budget, growth
+
+    def _iters_within(self, chunk: _Chunk, seconds: float) -> int:
+        """The most iterations of ``chunk`` that fit in ``seconds``."""
+        lo, hi = 0, chunk.iters
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.perf.decode_span(chunk.decoders, chunk.decode_kv, mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _commit(self, chunk: _Chunk, iters: int) -> None:
+        end = (
+            chunk.end
+            if iters == chunk.iters
+            else chunk.start + self.perf.decode_span(chunk.decoders, chunk.decode_kv, iters)
+        )
+        self._reserve(chunk.growth * iters)
+        self._private += chunk.growth * iters
+        self._step += iters
+        self._decode_kv += chunk.decoders * iters
+        self._remaining -= chunk.decoders * iters
+        self.generated_tokens += chunk.decoders * iters
+        self._now = end
+        self._chunk = None
+        while self._finishes and self._finishes[0][0] <= self._step:
+            _, seq, rid = heapq.heappop(self._finishes)
+            s = self._reqs.get(rid)
+            if s is not None and s.seq == seq and s.state == _DECODE and s.finish_step <= self._step:
+                self._finish(s)
+        for s, take in chunk.prefill:
+            s.prefill_left -= take
+            if s.prefill_left:
+                continue
+            s.prefill_s += end - s.mark
+            s.mark = end
+            if s.generated < s.req.max_new_tokens:
+                s.generated += 1  # the last prefill chunk samples the first token
+                self._remaining -= 1
+                self.generated_tokens += 1
+            if s.generated == s.req.max_new_tokens:
+                self._finish(s)
+            else:
+                del self._prefilling[s.req.rid]
+                self._start_decode(s)
+
+    # Sequence transitions
+
+    def _admit(self, s: _Seq, cached: int) -> None:
+        s.queue_s += self._now - s.mark
+        s.mark = self._now
+        self._waiting -= 1
+        if s.first_cached < 0:
+            s.first_cached = cached
+        s.cached = cached
+        if s.req.prefix_key is not None:
+            self.cache.acquire(s.req.prefix_key, s.req.rid, cached)
+        uncached = s.context - cached
+        self._reserve(uncached)
+        self._private += uncached
+        self._remaining += s.req.max_new_tokens - s.generated
+        self._running[s.req.rid] = s
+        if uncached:
+            s.state = _PREFILL
+            s.prefill_left = uncached
+            self._prefilling[s.req.rid] = s
+        elif s.generated == s.req.max_new_tokens:
+            self._finish(s)
+        else:
+            self._start_decode(s)
+
+    def _start_decode(self, s: _Seq) -> None:
+        s.state = _DECODE
+        s.step0 = self._step
+        s.finish_step = self._step + s.req.max_new_tokens - s.generated
+        self._decoding[s.req.rid] = s
+        self._decode_kv += s.context
+        heapq.heappush(self._finishes, (s.finish_step, s.seq, s.req.rid))
+
+    def _leave_running(self, s: _Seq, now: float, keep_cache: bool) -> None:
+        """Take ``s`` out of the batch and free its KV; with ``keep_cache`` the context it has computed
+        becomes its key's cached prefix (a finish or a retraction), otherwise the key keeps its length."""
+        rid = s.req.rid
+        if s.state == _DECODE:
+            s.generated += self._step - s.step0
+            self._decode_kv -= s.context
+            del self._decoding[rid]
+            s.decode_s += now - s.mark
+        elif s.state == _PREFILL:
+            del self._prefilling[rid]
+            s.prefill_s += now - s.mark
+        del self._running[rid]
+        self._private -= s.context - s.cached
+        self._remaining -= s.req.max_new_tokens - s.generated
+        if s.req.prefix_key is not None:
+            self.cache.release(s.req.prefix_key, rid, s.context - s.prefill_left if keep_cache else None)
+        s.mark = now
+
+    def _retract(self, s: _Seq) -> None:
+        """Preempt ``s`` back to the queue; its computed context stays cached (evictable), as in SGLang."""
+        self._leave_running(s, self._now, keep_cache=True)
+        s.prefill_left = 0
+        s.state = _WAITING
+        self._waiting += 1
+        heapq.heappush(self._queue, (-s.req.priority, s.seq, s.req.rid))
+        self.retractions += 1
+
+    def _finish(self, s: _Seq) -> None:
+        self._leave_running(s, self._now, keep_cache=True)
+        self._outbox.append(self._close(s, "length"))
+
+    def _close(self, s: _Seq, reason: Literal["length", "abort"]) -> EngineOutput:
+        s.state = _DONE
+        del self._reqs[s.req.rid]
+        return EngineOutput(
+            rid=s.req.rid,
+            output_len=s.generated,
+            finish_reason=reason,
+            queue_s=s.queue_s,
+            prefill_s=s.prefill_s,
+            decode_s=s.decode_s,
+            cached_tokens=max(0, s.first_cached),
+            weight_version=self.weight_version,
+        )
+
+    # KV accounting
+
+    def _avail(self) -> int:
+        """KV tokens obtainable now: free ones plus evictable cached ones."""
+        return self.kv_capacity - self.kv_used_tokens + self.cache.evictable
+
+    def _reserve(self, tokens: int) -> None:
+        short = tokens - (self.kv_capacity - self.kv_used_tokens)
+        if short > 0 and self.cache.evict(short) < short:
+            raise AssertionError("KV reservation beyond what the plan checked")
+
+    def _queue_head(self) -> _Seq | None:
+        while self._queue:
+            _, seq, rid = self._queue[0]
+            s = self._reqs.get(rid)
+            if s is not None and s.seq == seq and s.state == _WAITING:
+                return s
+            heapq.heappop(self._queue)
+        return None
+
+    def _next_arrival(self) -> float | None:
+        while self._arrivals:
+            arrival, seq, rid = self._arrivals[0]
+            s = self._reqs.get(rid)
+            if s is not None and s.seq == seq and s.state == _WAITING:
+                return arrival
+            heapq.heappop(self._arrivals)
+        return None
+
+    def _next_finish_step(self) -> int:
+        while True:
+            step, seq, rid = self._finishes[0]
+            s = self._reqs.get(rid)
+            if s is not None and s.seq == seq and s.state == _DECODE and s.finish_step == step:
+                return step
+            heapq.heappop(self._finishes)

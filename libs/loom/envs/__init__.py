@@ -1,0 +1,1 @@
+"""Environments a trajectory runs in."""

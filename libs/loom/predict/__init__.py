@@ -1,0 +1,1 @@
+"""Trajectory-length predictors."""

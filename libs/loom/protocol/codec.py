@@ -1,0 +1,48 @@
+"""msgpack/JSON codecs for the wire types. No pickle anywhere."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+_encoder = msgspec.msgpack.Encoder()
+_json_encoder = msgspec.json.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+_json_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+# msgspec.ValidationError subclasses DecodeError: one except clause catches malformed and invalid input.
+DecodeError = msgspec.DecodeError
+
+
+def encode(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode(data: bytes, typ: type[T]) -> T:
+    dec = _decoders.get(typ)
+    if dec is None:
+        dec = _decoders[typ] = msgspec.msgpack.Decoder(typ)
+    return dec.decode(data)
+
+
+def decode_union(data: bytes, typ: Any) -> Any:
+    """Decode into a union of tagged structs (``A | B``), which ``type[T]`` cannot express."""
+    return decode(data, typ)
+
+
+def to_json(obj: Any) -> bytes:
+    return _json_encoder.encode(obj)
+
+
+def from_json(data: bytes | str, typ: type[T]) -> T:
+    dec = _json_decoders.get(typ)
+    if dec is None:
+        dec = _json_decoders[typ] = msgspec.json.Decoder(typ)
+    return dec.decode(data)
+
+
+def to_builtins(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)

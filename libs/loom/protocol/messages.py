@@ -1,0 +1,324 @@
+"""Wire types. msgpack on NATS, JSON at the REST edge; both decode strictly into these structs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+NonNeg = Annotated[int, Meta(ge=0)]
+Pos = Annotated[int, Meta(ge=1)]
+NonNegF = Annotated[float, Meta(ge=0.0)]
+# Job and trajectory ids become NATS subject tokens and KV keys: keep them to a safe alphabet.
+Ident = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+# ---------------------------------------------------------------- jobs (REST edge and durable store)
+
+
+class TaskSpec(Struct, forbid_unknown_fields=True):
+    """One prompt. ``data`` is environment-specific (for ``replay``: ``{"trace_id": ...}``)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=256)]
+    data: dict[str, Any] = {}
+
+
+class DatasetRef(Struct, forbid_unknown_fields=True):
+    """Tasks taken from a named data set instead of listed inline."""
+
+    name: Literal["swe-replay"]
+    path: str | None = None
+    offset: NonNeg = 0
+    limit: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+
+
+class ToolLatency(Struct, forbid_unknown_fields=True):
+    """Modelled tool-call latency (simulated seconds): log-normal with this mean and shape."""
+
+    mean_s: NonNegF = 0.43
+    sigma: Annotated[float, Meta(ge=0.0, le=4.0)] = 0.8
+
+
+class PolicySpec(Struct, forbid_unknown_fields=True):
+    placement: Literal["round_robin"] = "round_robin"
+    order: Literal["fcfs"] = "fcfs"
+
+
+class JobSpec(Struct, forbid_unknown_fields=True):
+    name: Annotated[str, Meta(max_length=256)] = ""
+    env: Literal["replay"] = "replay"
+    model: Annotated[str, Meta(min_length=1, max_length=128)] = "qwen3-8b"
+    tasks: list[TaskSpec] = []
+    dataset: DatasetRef | None = None
+    group_size: Annotated[int, Meta(ge=1, le=1024)] = 8
+    max_turns: Annotated[int, Meta(ge=1, le=10_000)] = 200
+    max_tokens: Annotated[int, Meta(ge=1, le=1_000_000)] = 40_960
+    tool_latency: ToolLatency = msgspec.field(default_factory=ToolLatency)
+    policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
+    seed: NonNeg = 0
+
+
+JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
+TERMINAL_JOB_STATES = ("completed", "cancelled", "failed")
+
+
+class Job(Struct):
+    id: str
+    spec: JobSpec
+    state: JobState
+    created_at: float
+    n_trajectories: NonNeg
+    completed: NonNeg = 0
+    failed: NonNeg = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- trajectories
+
+
+class TrajWork(Struct):
+    """A trajectory to run, as queued for the environment managers (durable work queue)."""
+
+    job_id: str
+    traj_id: str
+    task: TaskSpec
+    group: NonNeg
+    sample: NonNeg
+    env: str
+    model: str
+    max_turns: Pos
+    max_tokens: Pos
+    tool_latency: ToolLatency
+    seed: NonNeg = 0
+
+
+TrajState = Literal["planned", "running", "done", "failed", "aborted"]
+
+
+class TrajMeta(Struct):
+    """Per-trajectory control-plane record (KV ``loom_traj``, key ``<job>.<traj>``)."""
+
+    job_id: str
+    traj_id: str
+    worker_id: str | None = None
+    priority: float = 0.0
+    predicted_remaining: float | None = None
+    state: TrajState = "planned"
+
+
+class Step(Struct):
+    index: NonNeg
+    prompt_len: NonNeg
+    output_len: NonNeg
+    action: str = ""
+    observation: str = ""
+    worker_id: str = ""
+    started_at: float = 0.0
+    queue_s: NonNegF = 0.0
+    gen_s: NonNegF = 0.0
+    tool_s: NonNegF = 0.0
+    attempts: Pos = 1
+
+
+TrajStatus = Literal["completed", "failed", "aborted"]
+
+
+class Trajectory(Struct):
+    job_id: str
+    traj_id: str
+    task_id: str
+    group: NonNeg
+    sample: NonNeg
+    env: str
+    status: TrajStatus
+    finish_reason: str
+    steps: list[Step]
+    started_at: float
+    finished_at: float
+    reward: float | None = None
+    info: dict[str, Any] = {}
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(s.output_len for s in self.steps)
+
+
+class TrajDone(Struct):
+    """Event after a scored trajectory has been stored (core NATS, best effort)."""
+
+    job_id: str
+    traj_id: str
+    status: TrajStatus
+    reward: float | None
+    output_tokens: NonNeg
+    n_steps: NonNeg
+    task_id: str = ""
+
+
+# ---------------------------------------------------------------- generation
+
+
+class GenRequest(Struct):
+    """One LLM call of a trajectory. ``rid`` is stable across retries so that engines dedupe it."""
+
+    rid: str
+    job_id: str
+    traj_id: str
+    step: NonNeg
+    input_len: Pos
+    max_new_tokens: Pos
+    input_ids: list[int] | None = None
+    ignore_eos: bool = False
+    priority: float = 0.0
+    attempt: Pos = 1
+    reply_to: str = ""
+
+
+class GenAccepted(Struct, tag="accepted"):
+    rid: str
+    by: str
+
+
+class GenKeepalive(Struct, tag="keepalive"):
+    rid: str
+    by: str
+    state: Literal["queued", "running"]
+
+
+class GenResult(Struct, tag="result"):
+    rid: str
+    worker_id: str
+    output_len: NonNeg
+    finish_reason: Literal["length", "stop", "abort"]
+    output_ids: list[int] | None = None
+    queue_s: NonNegF = 0.0
+    prefill_s: NonNegF = 0.0
+    decode_s: NonNegF = 0.0
+    cached_tokens: NonNeg = 0
+    weight_version: str = ""
+
+
+class GenError(Struct, tag="gen_error"):
+    rid: str
+    code: str
+    message: str
+    retryable: bool = True
+
+
+GenEvent = GenAccepted | GenKeepalive | GenResult | GenError
+
+
+class AbortRequest(Struct):
+    """Abort one request (``rid``) or every request of a job or trajectory."""
+
+    rid: str | None = None
+    job_id: str | None = None
+    traj_id: str | None = None
+
+
+# ---------------------------------------------------------------- workers
+
+
+class WorkerInfo(Struct):
+    worker_id: str
+    model: str
+    engine: str
+    gpu: str
+    tp: Pos
+    max_running: Pos
+    kv_capacity_tokens: NonNeg
+    started_at: float
+    heartbeat_at: float
+
+
+class WorkerLoad(Struct):
+    worker_id: str
+    running: NonNeg
+    waiting: NonNeg
+    inflight: NonNeg
+    kv_used_tokens: NonNeg
+    kv_capacity_tokens: NonNeg
+    generated_tokens: NonNeg
+    at: float
+    # Requests the worker holds now: lets a restarted router rebuild its view of the worker.
+    rids: list[str] = []
+
+
+class WorkerDone(Struct):
+    worker_id: str
+    rid: str
+
+
+# ---------------------------------------------------------------- control
+
+
+class Placement(Struct):
+    job_id: str
+    assignments: dict[str, str]
+
+
+class PriorityUpdate(Struct):
+    job_id: str
+    traj_id: str
+    priority: float
+    predicted_remaining: float | None = None
+    step: NonNeg = 0
+
+
+class CancelJob(Struct):
+    job_id: str
+
+
+# ---------------------------------------------------------------- prediction
+
+
+class PredictRequest(Struct):
+    job_id: str
+    traj_id: str
+    task_id: str
+    step: NonNeg
+    context_len: NonNeg
+    generated_tokens: NonNeg
+    text: str | None = None
+
+
+class Prediction(Struct):
+    traj_id: str
+    remaining_tokens: NonNegF
+    total_tokens: NonNegF
+    method: str
+
+
+# ---------------------------------------------------------------- reward
+
+
+class RewardRequest(Struct):
+    trajectory: Trajectory
+    kind: str = "replay"
+
+
+# ---------------------------------------------------------------- service plumbing
+
+
+class Health(Struct):
+    service: str
+    instance: str
+    ok: bool
+    uptime_s: NonNegF
+    version: str
+    pid: int
+    details: dict[str, Any] = {}
+
+
+class ErrorReply(Struct, tag="error"):
+    code: str
+    message: str
+
+
+class DeadLetter(Struct):
+    service: str
+    subject: str
+    reason: str
+    payload: bytes

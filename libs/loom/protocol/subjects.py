@@ -1,0 +1,94 @@
+"""Every NATS subject, stream and bucket name Loom uses. Versioned under ``loom.v1``."""
+
+from __future__ import annotations
+
+PREFIX = "loom.v1"
+
+SERVICES = ("scheduler", "router", "rollout", "predictor", "envmgr", "reward")
+
+
+def health(service: str) -> str:
+    return f"{PREFIX}.health.{service}"
+
+
+def metrics(service: str) -> str:
+    return f"{PREFIX}.metrics.{service}"
+
+
+# Generation path: envmgr -> router (queue group) -> worker, replies go straight to the caller's inbox.
+GEN_REQUEST = f"{PREFIX}.gen.request"
+GEN_ABORT = f"{PREFIX}.gen.abort"
+
+
+def worker_gen(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{worker_id}.gen"
+
+
+def worker_abort(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{worker_id}.abort"
+
+
+def worker_done(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{worker_id}.done"
+
+
+WORKER_DONE_ALL = f"{PREFIX}.worker.*.done"
+
+
+def telemetry(kind: str, ident: str) -> str:
+    return f"{PREFIX}.telemetry.{kind}.{ident}"
+
+
+TELEMETRY_WORKERS = f"{PREFIX}.telemetry.worker.*"
+
+PREDICT = f"{PREFIX}.predict"
+
+
+def control(kind: str) -> str:
+    return f"{PREFIX}.control.{kind}"
+
+
+CONTROL_PRIORITY = control("priority")
+CONTROL_PLACEMENT = control("placement")
+CONTROL_CANCEL = control("cancel")
+
+
+def traj_work(job_id: str) -> str:
+    return f"{PREFIX}.trajwork.{job_id}"
+
+
+def reward_submit(job_id: str) -> str:
+    return f"{PREFIX}.reward.submit.{job_id}"
+
+
+def results(job_id: str) -> str:
+    return f"{PREFIX}.results.{job_id}"
+
+
+def traj_done(job_id: str) -> str:
+    return f"{PREFIX}.events.trajdone.{job_id}"
+
+
+TRAJ_DONE_ALL = f"{PREFIX}.events.trajdone.*"
+
+
+def dead_letter(service: str) -> str:
+    return f"{PREFIX}.dlq.{service}"
+
+
+# JetStream streams (durable) and their subject spaces.
+STREAM_TRAJWORK = "LOOM_TRAJWORK"
+STREAM_TRAJWORK_SUBJECTS = [f"{PREFIX}.trajwork.>"]
+STREAM_REWARD = "LOOM_REWARD"
+STREAM_REWARD_SUBJECTS = [f"{PREFIX}.reward.submit.>"]
+STREAM_RESULTS = "LOOM_RESULTS"
+STREAM_RESULTS_SUBJECTS = [f"{PREFIX}.results.>"]
+STREAM_DLQ = "LOOM_DLQ"
+STREAM_DLQ_SUBJECTS = [f"{PREFIX}.dlq.>"]
+
+# KV buckets.
+KV_JOBS = "loom_jobs"
+KV_TRAJ = "loom_traj"
+KV_WORKERS = "loom_workers"
+
+QUEUE_GROUP = "loom"

@@ -1,0 +1,123 @@
+"""The job result stream (the sample buffer): scored trajectories, one message per trajectory.
+
+Idempotency: each result is published with ``Nats-Msg-Id = <job>.<traj>``, and headers carry what
+services need to rebuild their state without decoding whole trajectories (a headers-only scan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from loom.protocol import Trajectory, decode, encode, subjects
+
+H_TRAJ = "Loom-Traj-Id"
+H_TASK = "Loom-Task-Id"
+H_STATUS = "Loom-Status"
+H_TOKENS = "Loom-Output-Tokens"
+H_REWARD = "Loom-Reward"
+
+
+@dataclass(frozen=True)
+class ResultHeader:
+    seq: int
+    job_id: str
+    traj_id: str
+    task_id: str
+    status: str
+    output_tokens: int
+    reward: float | None
+
+
+def msg_id(job_id: str, traj_id: str) -> str:
+    return f"{job_id}.{traj_id}"
+
+
+async def publish_result(js: JetStreamContext, traj: Trajectory) -> bool:
+    """Store a scored trajectory; returns False when it was already stored (a duplicate)."""
+    headers = {
+        "Nats-Msg-Id": msg_id(traj.job_id, traj.traj_id),
+        H_TRAJ: traj.traj_id,
+        H_TASK: traj.task_id,
+        H_STATUS: traj.status,
+        H_TOKENS: str(traj.output_tokens),
+        H_REWARD: "" if traj.reward is None else repr(traj.reward),
+    }
+    ack = await js.publish(subjects.results(traj.job_id), encode(traj), headers=headers)
+    return not ack.duplicate
+
+
+async def count_results(js: JetStreamContext, job_id: str) -> int:
+    info = await js.stream_info(subjects.STREAM_RESULTS, subjects_filter=subjects.results(job_id))
+    return sum((info.state.subjects or {}).values())
+
+
+async def page_results(
+    js: JetStreamContext, job_id: str, after_seq: int = 0, limit: int = 100
+) -> tuple[list[tuple[int, Trajectory]], int]:
+    """Up to ``limit`` results with stream sequence > ``after_seq``; returns them and the next cursor."""
+    out: list[tuple[int, Trajectory]] = []
+    seq = after_seq + 1
+    subj = subjects.results(job_id)
+    while len(out) < limit:
+        try:
+            m = await js.get_msg(subjects.STREAM_RESULTS, seq=seq, subject=subj, next=True)
+        except NotFoundError:
+            break
+        assert m.seq is not None and m.data is not None
+        out.append((m.seq, decode(m.data, Trajectory)))
+        seq = m.seq + 1
+    return out, (out[-1][0] if out else after_seq)
+
+
+async def iter_results(js: JetStreamContext, job_id: str, page: int = 100) -> AsyncIterator[Trajectory]:
+    cursor = 0
+    while True:
+        items, cursor = await page_results(js, job_id, cursor, page)
+        for _, t in items:
+            yield t
+        if len(items) < page:
+            return
+
+
+async def scan_headers(js: JetStreamContext, job_id: str = "*") -> list[ResultHeader]:
+    """Every stored result's headers (no payloads): cheap enough to rebuild counters after a restart."""
+    subj = subjects.results(job_id)
+    info = await js.stream_info(subjects.STREAM_RESULTS, subjects_filter=subj)
+    total = sum((info.state.subjects or {}).values())
+    if total == 0:
+        return []
+    cfg = ConsumerConfig(
+        headers_only=True,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=30.0,
+    )
+    sub = await js.pull_subscribe(subj, stream=subjects.STREAM_RESULTS, config=cfg)
+    out: list[ResultHeader] = []
+    try:
+        while len(out) < total:
+            msgs = await sub.fetch(min(1000, total - len(out)), timeout=5)
+            for m in msgs:
+                h = m.headers or {}
+                reward = h.get(H_REWARD, "")
+                out.append(
+                    ResultHeader(
+                        seq=m.metadata.sequence.stream,
+                        job_id=m.subject.rsplit(".", 1)[-1],
+                        traj_id=h.get(H_TRAJ, ""),
+                        task_id=h.get(H_TASK, ""),
+                        status=h.get(H_STATUS, ""),
+                        output_tokens=int(h.get(H_TOKENS, "0") or 0),
+                        reward=float(reward) if reward else None,
+                    )
+                )
+            if msgs and msgs[-1].metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out

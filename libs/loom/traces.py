@@ -1,0 +1,79 @@
+"""Recorded agent trajectories from ``../shared/data/traces`` (the SWE-bench schema in data/README.md)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from loom.settings import default_shared_dir
+
+SWE_TRACES = "data/traces/swe-gemini3pro.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    prompt_tokens: int
+    completion_tokens: int
+    action: str
+    observation: str
+    created: int
+
+
+@dataclass(frozen=True)
+class Trace:
+    id: str
+    resolved: bool
+    exit_status: str
+    steps: tuple[TraceStep, ...]
+
+    @property
+    def total_completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.steps)
+
+
+def default_swe_path() -> Path:
+    return default_shared_dir() / SWE_TRACES
+
+
+class TraceError(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=4)
+def load_traces(path: str | Path | None = None) -> dict[str, Trace]:
+    """Load a JSONL(.gz) trace file of the SWE schema, keyed by trajectory id, in file order."""
+    p = Path(path) if path is not None else default_swe_path()
+    if not p.exists():
+        raise TraceError(f"trace file not found: {p} (expected ../shared/data beside the project)")
+    opener = gzip.open if p.suffix == ".gz" else open
+    out: dict[str, Trace] = {}
+    with opener(p, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                steps = tuple(
+                    TraceStep(
+                        prompt_tokens=int(s["prompt_tokens"]),
+                        completion_tokens=max(1, int(s["completion_tokens"])),
+                        action=s.get("action") or "",
+                        observation=s.get("observation") or "",
+                        created=int(s.get("created") or 0),
+                    )
+                    for s in d["steps"]
+                )
+                out[str(d["id"])] = Trace(
+                    id=str(d["id"]),
+                    resolved=bool(d.get("resolved")),
+                    exit_status=str(d.get("exit_status") or ""),
+                    steps=steps,
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                raise TraceError(f"{p}:{lineno}: not a trace of the SWE schema: {e}") from e
+    if not out:
+        raise TraceError(f"{p}: no trajectories")
+    return out

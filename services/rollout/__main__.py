@@ -1,0 +1,29 @@
+"""Rollout worker service: one per inference engine instance."""
+
+from __future__ import annotations
+
+from loom import service
+from loom.engine.base import Engine
+from loom.service import Runtime
+from services.rollout.settings import RolloutSettings
+from services.rollout.worker import RolloutWorker
+
+
+def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
+    from loom.engine.sim import SimEngine
+
+    return SimEngine(model=s.model, gpu=s.gpu, tp=s.tp, clock=rt.clock, max_running=s.max_running)
+
+
+def build(rt: Runtime) -> RolloutWorker:
+    s = rt.settings
+    assert isinstance(s, RolloutSettings)
+    return RolloutWorker(rt, s, make_engine(rt, s))
+
+
+def main() -> None:
+    service.main("rollout", RolloutSettings, build)
+
+
+if __name__ == "__main__":
+    main()

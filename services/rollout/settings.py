@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from loom.settings import LoomSettings
+
+
+class RolloutSettings(LoomSettings):
+    model_config = SettingsConfigDict(env_prefix="LOOM_ROLLOUT_", populate_by_name=True, extra="ignore")
+
+    worker_id: str = Field("w0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    engine: Literal["sim"] = "sim"
+    model: str = "qwen3-8b"
+    gpu: str = "h100"
+    tp: int = Field(1, ge=1, le=64)
+    max_running: int = Field(256, ge=1)
+    heartbeat_s: float = 1.0
+    telemetry_s: float = 0.5
+    # On SIGTERM, how long in-flight requests may run before they are aborted (wall seconds).
+    drain_grace_s: float = 10.0

@@ -1,0 +1,277 @@
+"""The trajectory-aware router: traj -> worker table, per-worker admission queues, forwarding, aborts.
+
+Requests carry their caller's reply inbox; the router acknowledges them, keeps the queued ones alive with
+keepalives, and forwards each to its worker when the worker has room. The worker answers the caller
+directly, so a router that dies loses only its queue, and callers re-send once keepalives stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
+
+from loom.bus import kv_key
+from loom.policies.placement import RoundRobinPlacement
+from loom.policies.queueing import FcfsQueue
+from loom.protocol import (
+    AbortRequest,
+    CancelJob,
+    DecodeError,
+    GenAccepted,
+    GenKeepalive,
+    GenRequest,
+    Placement,
+    PriorityUpdate,
+    TrajDone,
+    TrajMeta,
+    WorkerDone,
+    WorkerInfo,
+    WorkerLoad,
+    decode,
+    encode,
+    subjects,
+)
+from loom.service import Runtime
+from loom.workers import read_workers
+from services.router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+UNASSIGNED = ""
+
+
+@dataclass
+class Queued:
+    req: GenRequest
+    enqueued_at: float
+
+
+class Router:
+    def __init__(self, rt: Runtime, settings: RouterSettings) -> None:
+        self.rt = rt
+        self.settings = settings
+        self.placement: dict[str, str] = {}  # "<job>.<traj>" -> worker
+        self.priorities: dict[str, float] = {}
+        self.workers: dict[str, WorkerInfo] = {}
+        self.queues: dict[str, FcfsQueue[Queued]] = defaultdict(FcfsQueue)
+        self.forwarded: dict[str, dict[str, float]] = defaultdict(dict)  # worker -> rid -> wall time
+        self.rid_worker: dict[str, str] = {}
+        self.rid_req: dict[str, GenRequest] = {}
+        self.rr = RoundRobinPlacement()
+        self.wake = asyncio.Event()
+        m = rt.metrics
+        self.m_requests = m.counter("requests_total", "Generation requests received")
+        self.m_forwarded = m.counter("forwarded_total", "Requests forwarded to workers", ["worker"])
+        self.m_queue_wait = m.histogram("queue_wait_seconds", "Time queued in the router (wall)")
+        self.m_queued = m.gauge("queued", "Requests waiting in the router", ["worker"])
+        self.m_migrations = m.counter("reassignments_total", "Trajectories moved off a dead worker")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, rt: Runtime) -> None:
+        self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
+        self.kv_workers = await rt.js.key_value(subjects.KV_WORKERS)
+        self.workers = await read_workers(self.kv_workers)
+        await rt.subscribe(subjects.GEN_REQUEST, GenRequest, self.on_gen, queue=subjects.QUEUE_GROUP)
+        await rt.subscribe(subjects.GEN_ABORT, AbortRequest, self.on_abort)
+        await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
+        await rt.subscribe(subjects.CONTROL_PRIORITY, PriorityUpdate, self.on_priority)
+        await rt.subscribe(subjects.CONTROL_PLACEMENT, Placement, self.on_placement)
+        await rt.subscribe(subjects.WORKER_DONE_ALL, WorkerDone, self.on_done)
+        await rt.subscribe(subjects.TELEMETRY_WORKERS, WorkerLoad, self.on_load)
+        await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_traj_done)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._dispatch_forever())
+            tg.create_task(self._keepalive_forever())
+            tg.create_task(self._registry_forever())
+            await rt.stopping.wait()
+            self.wake.set()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "workers": sorted(self.workers),
+            "queued": {w: len(q) for w, q in self.queues.items() if len(q)},
+            "forwarded": {w: len(f) for w, f in self.forwarded.items() if f},
+            "trajectories": len(self.placement),
+        }
+
+    # ------------------------------------------------------------------ requests
+
+    async def on_gen(self, req: GenRequest, msg: Msg) -> None:
+        if not msg.reply:
+            await self.rt.reject(msg, "generation requests need a reply subject")
+            return
+        req.reply_to = msg.reply
+        self.m_requests.inc()
+        await self.rt.nc.publish(msg.reply, encode(GenAccepted(req.rid, self.rt.instance)))
+        held_by = self.rid_worker.get(req.rid)
+        if held_by is not None and held_by in self.workers:
+            # A retry of a forwarded request: the worker dedupes it by rid and answers the new inbox.
+            await self._forward(held_by, req)
+            return
+        if held_by is not None:
+            self._forget(req.rid)
+        if any(req.rid in q for q in self.queues.values()):
+            return
+        worker = await self._worker_for(req)
+        self.rid_req[req.rid] = req
+        self.queues[worker].push(req.rid, Queued(req, time.time()), req.priority)
+        self.wake.set()
+
+    async def _worker_for(self, req: GenRequest) -> str:
+        key = kv_key(req.job_id, req.traj_id)
+        w = self.placement.get(key)
+        if w is None:
+            try:
+                entry = await self.kv_traj.get(key)
+                if entry.value:
+                    w = decode(entry.value, TrajMeta).worker_id
+            except (KeyNotFoundError, DecodeError):
+                w = None
+        if w is not None and w in self.workers:
+            self.placement[key] = w
+            return w
+        if not self.workers:
+            return UNASSIGNED
+        new = self.rr.place_one(key, list(self.workers), self._load())
+        if w is not None:
+            self.m_migrations.inc()
+            log.info("trajectory %s moves from %s to %s", key, w, new)
+        self.placement[key] = new
+        meta = TrajMeta(job_id=req.job_id, traj_id=req.traj_id, worker_id=new, state="running")
+        await self.kv_traj.put(key, encode(meta))
+        return new
+
+    def _load(self) -> dict[str, int]:
+        return {w: len(self.queues[w]) + len(self.forwarded[w]) for w in self.workers}
+
+    async def _forward(self, worker: str, req: GenRequest) -> None:
+        self.forwarded[worker][req.rid] = time.time()
+        self.rid_worker[req.rid] = worker
+        self.rid_req[req.rid] = req
+        await self.rt.nc.publish(subjects.worker_gen(worker), encode(req))
+        self.m_forwarded.labels(worker).inc()
+
+    def _forget(self, rid: str) -> None:
+        w = self.rid_worker.pop(rid, None)
+        if w is not None:
+            self.forwarded[w].pop(rid, None)
+        self.rid_req.pop(rid, None)
+
+    async def _dispatch_forever(self) -> None:
+        while not self.rt.stopping.is_set():
+            await self.wake.wait()
+            self.wake.clear()
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
+        if self.workers and len(self.queues[UNASSIGNED]):
+            while (item := self.queues[UNASSIGNED].pop()) is not None:
+                rid, queued = item
+                self.queues[await self._worker_for(queued.req)].push(rid, queued, queued.req.priority)
+        for w, info in list(self.workers.items()):
+            queue = self.queues[w]
+            room = info.max_running + self.settings.overcommit - len(self.forwarded[w])
+            while room > 0 and (item := queue.pop()) is not None:
+                _, queued = item
+                self.m_queue_wait.observe(time.time() - queued.enqueued_at)
+                await self._forward(w, queued.req)
+                room -= 1
+        for w, wq in self.queues.items():
+            self.m_queued.labels(w or "unassigned").set(len(wq))
+
+    async def _keepalive_forever(self) -> None:
+        while not self.rt.stopping.is_set():
+            for q in list(self.queues.values()):
+                for rid, item in q.items():
+                    ka = GenKeepalive(rid, self.rt.instance, "queued")
+                    await self.rt.nc.publish(item.req.reply_to, encode(ka))
+            await self.rt.wait_stop(self.settings.keepalive_s)
+
+    # ------------------------------------------------------------------ workers
+
+    async def on_done(self, done: WorkerDone, _msg: Msg) -> None:
+        self._forget(done.rid)
+        self.wake.set()
+
+    async def on_load(self, load: WorkerLoad, _msg: Msg) -> None:
+        # The worker's own list of requests is the truth; keep only our very recent forwards on top of it
+        # (they may not have reached the worker when it took the snapshot). Rebuilds state after a restart.
+        fw = self.forwarded[load.worker_id]
+        recent = {rid: t for rid, t in fw.items() if t > load.at - 2.0}
+        now = time.time()
+        self.forwarded[load.worker_id] = {rid: fw.get(rid, now) for rid in load.rids} | recent
+        for rid in load.rids:
+            self.rid_worker.setdefault(rid, load.worker_id)
+        self.wake.set()
+
+    async def _registry_forever(self) -> None:
+        while not self.rt.stopping.is_set():
+            try:
+                workers = await read_workers(self.kv_workers)
+            except Exception as e:
+                log.warning("worker registry unreadable: %s", e)
+                workers = self.workers
+            gone = set(self.workers) - set(workers)
+            self.workers = workers
+            for w in gone:
+                log.warning("worker %s is gone; requeueing its %d queued requests", w, len(self.queues[w]))
+                for rid, q in self.queues[w].items():
+                    self.queues[w].remove(rid)
+                    self.queues[UNASSIGNED].push(rid, q, q.req.priority)
+                for rid in list(self.forwarded[w]):
+                    self._forget(rid)
+            if gone or workers:
+                self.wake.set()
+            await self.rt.wait_stop(self.settings.registry_s)
+
+    # ------------------------------------------------------------------ control
+
+    def _matches(self, req: GenRequest, a: AbortRequest) -> bool:
+        if a.rid is not None:
+            return req.rid == a.rid
+        if a.job_id is not None and req.job_id != a.job_id:
+            return False
+        return a.traj_id is None or req.traj_id == a.traj_id
+
+    async def on_abort(self, a: AbortRequest, _msg: Msg) -> None:
+        if a.rid is None and a.job_id is None and a.traj_id is None:
+            return
+        for q in self.queues.values():
+            for rid, item in q.items():
+                if self._matches(item.req, a):
+                    q.remove(rid)
+                    self.rid_req.pop(rid, None)
+        targets = {
+            self.rid_worker[r]
+            for r, req in self.rid_req.items()
+            if r in self.rid_worker and self._matches(req, a)
+        }
+        if a.rid is None:
+            targets |= set(self.workers)  # a job or trajectory may have requests we never saw (restart)
+        for w in targets:
+            await self.rt.nc.publish(subjects.worker_abort(w), encode(a))
+
+    async def on_cancel(self, c: CancelJob, msg: Msg) -> None:
+        await self.on_abort(AbortRequest(job_id=c.job_id), msg)
+        for key in [k for k in self.placement if k.startswith(c.job_id + ".")]:
+            del self.placement[key]
+
+    async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
+        self.priorities[kv_key(p.job_id, p.traj_id)] = p.priority
+
+    async def on_placement(self, p: Placement, _msg: Msg) -> None:
+        for traj, w in p.assignments.items():
+            self.placement[kv_key(p.job_id, traj)] = w
+
+    async def on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
+        key = kv_key(ev.job_id, ev.traj_id)
+        self.placement.pop(key, None)
+        self.priorities.pop(key, None)

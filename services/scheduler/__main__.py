@@ -1,0 +1,55 @@
+"""Scheduler service: REST API for jobs and the per-job control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+from loom import service
+from loom.service import Runtime
+from services.scheduler.api import build_app
+from services.scheduler.jobs import JobManager
+from services.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The service runtime owns SIGTERM/SIGINT and stops uvicorn itself.
+        yield
+
+
+class Scheduler:
+    def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.jobs = JobManager(rt, settings)
+
+    def health(self) -> dict[str, Any]:
+        return {"api": f"http://{self.settings.host}:{self.settings.port}", **self.jobs.health()}
+
+    async def run(self, rt: Runtime) -> None:
+        await self.jobs.start()
+        app = build_app(rt, self.jobs)
+        server = _Server(
+            uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+        )
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(server.serve())
+            tg.create_task(self.jobs.reconcile_forever())
+            await rt.stopping.wait()
+            server.should_exit = True
+
+
+def main() -> None:
+    service.main("scheduler", SchedulerSettings, lambda rt: Scheduler(rt, rt.settings))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()

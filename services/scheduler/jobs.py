@@ -1,0 +1,207 @@
+"""The scheduler's job control plane: intake, placement, dispatch, progress, cancellation, recovery.
+
+Everything durable lives in JetStream: job records in KV ``loom_jobs``, trajectory placement in KV
+``loom_traj``, queued trajectories in the work stream, results in the result stream. After a restart the
+manager reloads jobs and recounts their results from the result stream's headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, NoKeysError
+
+from loom import results
+from loom.bus import kv_key
+from loom.policies.placement import RoundRobinPlacement
+from loom.protocol import (
+    TERMINAL_JOB_STATES,
+    AbortRequest,
+    CancelJob,
+    Job,
+    JobSpec,
+    Placement,
+    TrajDone,
+    TrajMeta,
+    decode,
+    encode,
+    subjects,
+)
+from loom.service import Runtime
+from loom.workers import read_workers
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.tasks import expand, resolve_tasks
+
+log = logging.getLogger(__name__)
+
+
+class JobManager:
+    def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
+        self.rt = rt
+        self.settings = settings
+        self.jobs: dict[str, Job] = {}
+        # job -> traj -> status of every stored result (deduplicated by trajectory).
+        self.done: dict[str, dict[str, str]] = {}
+        self.placement = RoundRobinPlacement()
+        self._lock = asyncio.Lock()
+        m = rt.metrics
+        self.m_jobs = m.counter("jobs_submitted_total", "Jobs accepted")
+        self.m_trajs = m.counter("trajectories_dispatched_total", "Trajectories queued for environments")
+        self.m_active = m.gauge("jobs_active", "Jobs pending or running")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.kv_jobs = await self.rt.js.key_value(subjects.KV_JOBS)
+        self.kv_traj = await self.rt.js.key_value(subjects.KV_TRAJ)
+        self.kv_workers = await self.rt.js.key_value(subjects.KV_WORKERS)
+        await self._reload()
+        await self.rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self._on_traj_done)
+
+    async def _reload(self) -> None:
+        try:
+            keys = await self.kv_jobs.keys()
+        except NoKeysError:
+            keys = []
+        for k in keys:
+            try:
+                entry = await self.kv_jobs.get(k)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                job = decode(entry.value, Job)
+                self.jobs[job.id] = job
+                if job.state not in TERMINAL_JOB_STATES:
+                    self.done[job.id] = {}
+        for h in await results.scan_headers(self.rt.js):
+            if h.job_id in self.done:
+                self.done[h.job_id][h.traj_id] = h.status
+        log.info("reloaded %d jobs (%d active)", len(self.jobs), len(self.done))
+
+    async def reconcile_forever(self) -> None:
+        while not self.rt.stopping.is_set():
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed")
+            await self.rt.wait_stop(self.settings.reconcile_s)
+
+    async def reconcile(self) -> None:
+        for job in list(self.jobs.values()):
+            if job.state == "pending":
+                await self._launch(job)
+            elif job.state == "running":
+                await self._refresh(job.id)
+        self.m_active.set(sum(1 for j in self.jobs.values() if j.state not in TERMINAL_JOB_STATES))
+
+    # ------------------------------------------------------------------ intake
+
+    async def submit(self, spec: JobSpec) -> Job:
+        """Validate and store the job, then place and dispatch it (or leave it pending for workers)."""
+        tasks = resolve_tasks(spec, self.settings.traces_path)  # raises SpecError
+        spec = msgspec.structs.replace(spec, tasks=tasks)
+        job_id = f"job-{uuid.uuid4().hex[:12]}"
+        job = Job(
+            id=job_id,
+            spec=spec,
+            state="pending",
+            created_at=self.rt.clock.now(),
+            n_trajectories=len(tasks) * spec.group_size,
+        )
+        await self._save(job)
+        self.done[job_id] = {}
+        self.m_jobs.inc()
+        log.info("job %s accepted: %d trajectories", job_id, job.n_trajectories)
+        await self._launch(job)
+        return self.jobs[job_id]
+
+    async def _launch(self, job: Job) -> None:
+        async with self._lock:
+            job = self.jobs[job.id]
+            if job.state != "pending":
+                return
+            workers = await read_workers(self.kv_workers)
+            if not workers:
+                log.info("job %s waits for rollout workers", job.id)
+                return
+            works = expand(job.id, job.spec)
+            plan = self.placement.place([w.traj_id for w in works], list(workers))
+            for w in works:
+                meta = TrajMeta(job_id=job.id, traj_id=w.traj_id, worker_id=plan[w.traj_id])
+                await self.kv_traj.put(kv_key(job.id, w.traj_id), encode(meta))
+            await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(Placement(job.id, plan)))
+            for w in works:
+                # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
+                await self.rt.js.publish(
+                    subjects.traj_work(job.id),
+                    encode(w),
+                    headers={"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)},
+                )
+            self.m_trajs.inc(len(works))
+            job = msgspec.structs.replace(job, state="running", started_at=self.rt.clock.now())
+            await self._save(job)
+            log.info("job %s running on %d workers", job.id, len(workers))
+
+    # ------------------------------------------------------------------ progress
+
+    async def _on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
+        if ev.job_id in self.done:
+            self.done[ev.job_id][ev.traj_id] = ev.status
+            await self._refresh(ev.job_id, recount=False)
+
+    async def _refresh(self, job_id: str, recount: bool = True) -> None:
+        job = self.jobs.get(job_id)
+        seen = self.done.get(job_id)
+        if job is None or seen is None or job.state in TERMINAL_JOB_STATES:
+            return
+        if recount and await results.count_results(self.rt.js, job_id) > len(seen):
+            for h in await results.scan_headers(self.rt.js, job_id):  # events were missed
+                seen[h.traj_id] = h.status
+        completed = sum(1 for s in seen.values() if s == "completed")
+        failed = len(seen) - completed
+        if (completed, failed) == (job.completed, job.failed):
+            return
+        changes: dict[str, object] = {"completed": completed, "failed": failed}
+        if completed + failed >= job.n_trajectories and job.state == "running":
+            changes.update(state="completed", finished_at=self.rt.clock.now())
+            log.info("job %s completed: %d ok, %d failed", job_id, completed, failed)
+        await self._save(msgspec.structs.replace(job, **changes))
+        if self.jobs[job_id].state in TERMINAL_JOB_STATES:
+            self.done.pop(job_id, None)
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(self, job_id: str) -> Job:
+        async with self._lock:
+            job = self.jobs[job_id]
+            if job.state in TERMINAL_JOB_STATES:
+                return job
+            job = msgspec.structs.replace(job, state="cancelled", finished_at=self.rt.clock.now())
+            await self._save(job)
+            self.done.pop(job_id, None)
+        # Drop queued trajectories, then stop running ones and their engine requests.
+        await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job_id))
+        await self.rt.nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(job_id)))
+        await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=job_id)))
+        log.info("job %s cancelled", job_id)
+        return job
+
+    # ------------------------------------------------------------------ store
+
+    async def _save(self, job: Job) -> None:
+        await self.kv_jobs.put(job.id, encode(job))
+        self.jobs[job.id] = job
+
+    def get(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def health(self) -> dict[str, object]:
+        by_state: dict[str, int] = {}
+        for j in self.jobs.values():
+            by_state[j.state] = by_state.get(j.state, 0) + 1
+        return {"jobs": by_state, "at": time.time()}

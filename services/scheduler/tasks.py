@@ -1,0 +1,67 @@
+"""Turning a job spec into concrete tasks and trajectories."""
+
+from __future__ import annotations
+
+from loom.protocol import JobSpec, TaskSpec, TrajWork
+from loom.traces import TraceError, load_traces
+
+
+class SpecError(ValueError):
+    """An invalid job spec; ``loc`` is the path of the offending field."""
+
+    def __init__(self, loc: list[str | int], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+
+
+def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
+    if spec.tasks and spec.dataset is not None:
+        raise SpecError(["dataset"], "give either tasks or dataset, not both")
+    if not spec.tasks and spec.dataset is None:
+        raise SpecError(["tasks"], "a job needs tasks or a dataset")
+    path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces
+    try:
+        traces = load_traces(path)
+    except TraceError as e:
+        raise SpecError(["dataset", "path"], str(e)) from e
+    if spec.dataset is not None:
+        ids = list(traces)[spec.dataset.offset :]
+        if spec.dataset.limit is not None:
+            ids = ids[: spec.dataset.limit]
+        if not ids:
+            raise SpecError(
+                ["dataset", "offset"], f"offset {spec.dataset.offset} is past the {len(traces)} traces"
+            )
+        return [TaskSpec(id=i, data={"trace_id": i, "traces_path": path}) for i in ids]
+    out = []
+    for n, t in enumerate(spec.tasks):
+        tid = t.data.get("trace_id", t.id)
+        if not isinstance(tid, str) or tid not in traces:
+            raise SpecError(["tasks", n, "data", "trace_id"], f"unknown trace id {tid!r}")
+        out.append(TaskSpec(id=t.id, data={**t.data, "trace_id": tid, "traces_path": path}))
+    return out
+
+
+def traj_id(group: int, sample: int) -> str:
+    return f"t{group:05d}-s{sample:03d}"
+
+
+def expand(job_id: str, spec: JobSpec) -> list[TrajWork]:
+    return [
+        TrajWork(
+            job_id=job_id,
+            traj_id=traj_id(g, s),
+            task=task,
+            group=g,
+            sample=s,
+            env=spec.env,
+            model=spec.model,
+            max_turns=spec.max_turns,
+            max_tokens=spec.max_tokens,
+            tool_latency=spec.tool_latency,
+            seed=spec.seed * 1_000_003 + g * 1009 + s,
+        )
+        for g, task in enumerate(spec.tasks)
+        for s in range(spec.group_size)
+    ]

@@ -1,0 +1,86 @@
+"""A real `loom up` (subprocess: nats-server and every service, supervised) shared by one test module."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from loom_cli.deploy import free_port
+from tests.conftest import need_shared
+
+LOOM = str(Path(sys.executable).parent / "loom")
+
+
+@dataclass
+class LoomUp:
+    home: Path
+    api: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [LOOM, "--home", str(self.home), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        return json.loads((self.home / "state.json").read_text())  # type: ignore[no-any-return]
+
+    def job(self, job_id: str) -> dict:  # type: ignore[type-arg]
+        r = self.cli("job", job_id)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+    def wait_job(self, job_id: str, timeout: float = 180) -> dict:  # type: ignore[type-arg]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["state"] in ("completed", "cancelled", "failed"):
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+@pytest.fixture(scope="module")
+def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    base = tmp_path_factory.mktemp("loom")
+    home, log = base / "home", base / "up.log"
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [LOOM, "--home", str(home), "up", "--workers", "2", "--speed", "50", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "LOOM_LEASE_S": "2"},
+        )
+    up = LoomUp(home, f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 90
+    while b"Loom is up" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"loom up failed:\n{log.read_text()}")
+        time.sleep(0.2)
+    try:
+        yield up
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,132 @@
+"""End to end through `loom up` and the CLI, as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import msgspec
+import nats
+import pytest
+
+from loom.protocol import DeadLetter, decode, subjects
+from tests.e2e.conftest import LoomUp
+
+
+def _submit(up: LoomUp, tmp_path, spec: dict) -> str:  # type: ignore[no-untyped-def, type-arg]
+    f = tmp_path / "job.json"
+    f.write_text(json.dumps(spec))
+    r = up.cli("submit", str(f))
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["id"])
+
+
+def test_status_reports_every_service(loom_up: LoomUp) -> None:
+    r = loom_up.cli("status")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for svc in subjects.SERVICES:
+        assert svc in r.stdout
+
+
+def test_router_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = {"dataset": {"name": "swe-replay", "offset": 10, "limit": 3}, "group_size": 4}
+    job_id = _submit(loom_up, tmp_path, spec)
+    time.sleep(1.5)  # trajectories are mid-flight
+    assert loom_up.job(job_id)["state"] == "running"
+    old = loom_up.state()["pids"]["router"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while loom_up.state()["pids"].get("router") in (None, old):
+        assert time.monotonic() < deadline, "router was not restarted"
+        time.sleep(0.2)
+
+    job = loom_up.wait_job(job_id)
+    assert job["state"] == "completed" and job["completed"] == 12 and job["failed"] == 0
+    out = tmp_path / "results.ndjson"
+    r = loom_up.cli("results", job_id, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    trajs = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [t["traj_id"] for t in trajs]
+    assert len(ids) == 12 and len(set(ids)) == 12
+    assert all(t["status"] == "completed" and t["reward"] in (0.0, 1.0) and t["steps"] for t in trajs)
+
+
+def test_rest_rejects_bad_input_with_named_fields(loom_up: LoomUp) -> None:
+    api = httpx.Client(base_url=loom_up.api)
+    cases = [
+        ({"group_size": 0, "dataset": {"name": "swe-replay"}}, ["body", "group_size"]),
+        ({"dataset": {"name": "nope"}}, ["body", "dataset", "name"]),
+        (
+            {"tasks": [{"id": "x", "data": {"trace_id": "not-a-trace"}}]},
+            ["body", "tasks", 0, "data", "trace_id"],
+        ),
+        ({"colour": "red"}, ["body"]),
+        ({}, ["body", "tasks"]),
+    ]
+    for body, loc in cases:
+        r = api.post("/v1/jobs", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["detail"][0]["loc"] == loc, r.text
+    r = api.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "invalid JSON" in r.text
+    for method, path in (("GET", "/v1/jobs/job-missing"), ("DELETE", "/v1/jobs/job-missing")):
+        r = api.request(method, path)
+        assert r.status_code == 404 and "job-missing" in r.json()["detail"]
+    assert api.get("/v1/jobs/x/trajectories", params={"limit": 0}).status_code == 422
+    assert "/v1/jobs" in api.get("/openapi.json").json()["paths"]
+    assert api.get("/healthz").json()["ok"] is True
+    assert "loom_scheduler_jobs_submitted_total" in api.get("/metrics").text
+
+
+async def test_nats_bad_input_is_answered_and_kept(loom_up: LoomUp) -> None:
+    nc = await nats.connect(str(loom_up.state()["nats_url"]))
+    js = nc.jetstream()
+    try:
+        for subj in (subjects.PREDICT, subjects.GEN_REQUEST):
+            reply = await nc.request(subj, b"\x93garbage", timeout=3)
+            assert b"bad_request" in reply.data
+        before = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
+        await js.publish(subjects.traj_work("job-bogus"), b"not a trajectory")
+        await js.publish(subjects.reward_submit("job-bogus"), msgspec.msgpack.encode({"trajectory": 1}))
+        for _ in range(50):
+            info = await js.stream_info(subjects.STREAM_DLQ)
+            if info.state.messages >= before + 2:
+                break
+            await asyncio.sleep(0.1)
+        letters = [
+            decode((await js.get_msg(subjects.STREAM_DLQ, seq=s)).data or b"", DeadLetter)
+            for s in range(info.state.first_seq, info.state.last_seq + 1)
+        ]
+        assert {d.service for d in letters} >= {"envmgr", "reward", "predictor", "router"}
+        # Nothing crashed: work queues are empty (bad messages terminated, not redelivered forever).
+        assert (await js.stream_info(subjects.STREAM_TRAJWORK)).state.messages == 0
+    finally:
+        await nc.close()
+    assert loom_up.cli("status").returncode == 0
+
+
+def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    job_id = _submit(loom_up, tmp_path, {"dataset": {"name": "swe-replay", "limit": 8}, "group_size": 8})
+    time.sleep(1.0)
+    r = loom_up.cli("cancel", job_id)
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "cancelled"
+    time.sleep(2.0)
+    job = loom_up.job(job_id)
+    assert job["state"] == "cancelled" and job["completed"] < 64
+    r = loom_up.cli("status")
+    assert '"active": 0' in r.stdout  # the environment manager stopped every trajectory
+    assert loom_up.cli("cancel", "job-missing").returncode == 2
+
+
+def test_ctrl_c_stops_everything(loom_up: LoomUp) -> None:
+    pids = list(loom_up.state()["pids"].values())
+    loom_up.proc.send_signal(signal.SIGINT)
+    assert loom_up.proc.wait(60) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (loom_up.home / "state.json").exists()

@@ -1,0 +1,336 @@
+"""The simulated engine: performance model, event-driven core (property tests) and real-time driver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loom.clock import Clock
+from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.perf import MODELS, PerfModel
+from loom.engine.prefix_cache import PrefixCache
+from loom.engine.sim import SimCore, SimEngine
+
+PERF = PerfModel("h100", "qwen3-0.6b")
+PROPS = settings(max_examples=120, deadline=None)
+
+
+def check(core: SimCore) -> None:
+    load = core.load()
+    assert 0 <= load.kv_used_tokens <= load.kv_capacity_tokens
+    assert 0 <= core.cache.evictable <= core.cache.tokens <= load.kv_used_tokens
+    assert load.running <= core.max_running
+
+
+def drain(core: SimCore) -> list[EngineOutput]:
+    outs: list[EngineOutput] = []
+    while (t := core.next_event_time()) is not None:
+        before = core.now
+        outs += core.advance(t)
+        assert core.now >= before
+        check(core)
+    return outs
+
+
+def assert_idle(core: SimCore) -> None:
+    load = core.load()
+    assert (load.running, load.waiting) == (0, 0)
+    assert load.kv_used_tokens == core.cache.tokens == core.cache.evictable
+
+
+# Performance model
+
+
+@pytest.mark.parametrize(("model", "tok_s"), [("qwen3-8b", 81.7), ("qwen3-14b", 47.1), ("qwen3-32b", 20.7)])
+def test_decode_speed_matches_published_h20_batch1(model: str, tok_s: float) -> None:
+    # Qwen's benchmark: batch 1, 2,048 generated tokens after a one-token prompt.
+    perf = PerfModel("h20", model)
+    assert 2048 / perf.decode_span(1, 1, 2048) == pytest.approx(tok_s, rel=0.15)
+
+
+def test_param_counts_match_published_sizes() -> None:
+    billions = {name: m.params / 1e9 for name, m in MODELS.items()}
+    assert billions == pytest.approx(
+        {"qwen3-0.6b": 0.6, "qwen3-8b": 8.2, "qwen3-14b": 14.8, "qwen3-32b": 32.8}, rel=0.02
+    )
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h800", "h20", "h200", "a100"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_iteration_time_is_monotone_in_batch(gpu: str, tp: int) -> None:
+    perf = PerfModel(gpu, "qwen3-8b", tp)
+    decode = [perf.iteration_time(0, b, b * 2000) for b in range(1, 513)]
+    prefill = [perf.iteration_time(p, 8, 16000) for p in range(0, 16384, 97)]
+    assert decode == sorted(decode) and decode[0] < decode[-1]
+    assert prefill == sorted(prefill) and prefill[0] < prefill[-1]
+
+
+@given(
+    seqs=st.integers(1, 300), kv=st.integers(0, 500_000), n=st.integers(0, 400), tp=st.sampled_from([1, 2, 8])
+)
+@PROPS
+def test_decode_span_is_the_sum_of_iterations(seqs: int, kv: int, n: int, tp: int) -> None:
+    perf = PerfModel("h20", "qwen3-14b", tp)
+    expected = sum(perf.iteration_time(0, seqs, kv + i * seqs) for i in range(n))
+    assert perf.decode_span(seqs, kv, n) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_kv_capacity_grows_with_memory_and_tp() -> None:
+    one = PerfModel("h100", "qwen3-8b").kv_capacity_tokens()
+    assert 300_000 < one < 500_000
+    assert PerfModel("h100", "qwen3-8b", tp=2).kv_capacity_tokens() > 2 * one
+    assert PerfModel("h200", "qwen3-8b").kv_capacity_tokens() > one
+    assert PerfModel("h100", "qwen3-8b").kv_capacity_tokens(mem_fraction=0.5) < one
+
+
+# Core: property tests
+
+request = st.tuples(
+    st.integers(1, 600),  # input_len
+    st.integers(0, 300),  # max_new_tokens
+    st.sampled_from([0.0, 1.0, 2.0]),  # priority
+    st.one_of(st.none(), st.sampled_from("abcd")),  # prefix_key
+    st.floats(0.0, 0.05),  # gap before arrival, seconds
+    st.booleans(),  # abort it later
+)
+core_args = st.fixed_dictionaries(
+    {
+        "kv_capacity": st.integers(900, 3000),
+        "max_running": st.integers(1, 12),
+        "prefill_budget": st.sampled_from([64, 300, 8192]),
+        "reserve_ratio": st.sampled_from([0.0, 0.1, 0.5]),
+    }
+)
+
+
+@given(workload=st.lists(request, min_size=1, max_size=40), args=core_args)
+@PROPS
+def test_kv_bounded_and_every_request_gets_exactly_its_tokens(workload: list, args: dict) -> None:
+    core = SimCore(PERF, **args)
+    outs: list[EngineOutput] = []
+    aborted: set[str] = set()
+    t = 0.0
+    for i, (input_len, max_new, priority, key, gap, abort) in enumerate(workload):
+        t += gap
+        outs += core.advance(t)
+        check(core)
+        core.submit(EngineRequest(f"r{i}", input_len, max_new, prefix_key=key, priority=priority), t)
+        if abort and i % 3 == 0:
+            out = core.abort(f"r{i // 2}", t)
+            if out is not None:
+                outs.append(out)
+                aborted.add(out.rid)
+            check(core)
+    outs += drain(core)
+    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
+    for o in outs:
+        max_new = workload[int(o.rid[1:])][1]
+        if o.rid in aborted:
+            assert o.finish_reason == "abort" and o.output_len <= max_new
+        else:
+            assert (o.finish_reason, o.output_len) == ("length", max_new)
+        assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
+    assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert_idle(core)
+
+
+@given(workload=st.lists(request, min_size=1, max_size=30), args=core_args, at=st.floats(0.0, 2.0))
+@PROPS
+def test_abort_everything_frees_all_kv(workload: list, args: dict, at: float) -> None:
+    core = SimCore(PERF, **args)
+    finished: set[str] = set()
+    t = 0.0
+    for i, (input_len, max_new, priority, key, gap, _) in enumerate(workload):
+        t += gap
+        finished |= {o.rid for o in core.advance(t)}
+        core.submit(EngineRequest(f"r{i}", input_len, max_new, prefix_key=key, priority=priority), t)
+    finished |= {o.rid for o in core.advance(t + at)}
+    aborted = {
+        rid for i in range(len(workload)) if (rid := f"r{i}") not in finished and core.abort(rid, core.now)
+    }
+    assert finished | aborted == {f"r{i}" for i in range(len(workload))}
+    assert_idle(core)
+    assert core.next_event_time() is None
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(1, 3000), st.integers(0, 400), st.booleans()), min_size=1, max_size=20
+    )
+)
+@PROPS
+def test_prefix_hits_match_reference_for_one_trajectory(steps: list[tuple[int, int, bool]]) -> None:
+    core = SimCore(PERF, 1_000_000)
+    cached = 0  # reference: the key holds the last finished request's input + output
+    for i, (fresh, max_new, grow) in enumerate(steps):
+        # Usually the next step extends the context; sometimes it starts over shorter.
+        input_len = cached + fresh if grow else fresh
+        core.submit(EngineRequest(f"s{i}", input_len, max_new, prefix_key="traj"), core.now)
+        (out,) = drain(core)
+        assert out.cached_tokens == min(cached, input_len)
+        cached = input_len + max_new
+        assert core.cache.length("traj") == cached
+    assert_idle(core)
+
+
+@given(priorities=st.lists(st.sampled_from([-1.0, 0.0, 1.0, 5.0]), min_size=2, max_size=30))
+@PROPS
+def test_admission_follows_priority_then_fifo(priorities: list[float]) -> None:
+    core = SimCore(PERF, 100_000, max_running=1)
+    core.submit(EngineRequest("blocker", 10, 50), 0.0)
+    core.advance(0.0)  # admits the blocker, so the rest queue behind it
+    for i, priority in enumerate(priorities):
+        core.submit(EngineRequest(f"r{i}", 10, 5, priority=priority), 0.0)
+    order = [o.rid for o in drain(core)]
+    expected = sorted(range(len(priorities)), key=lambda i: (-priorities[i], i))
+    assert order == ["blocker"] + [f"r{i}" for i in expected]
+
+
+# Core: scenarios
+
+
+@pytest.mark.parametrize(("low", "high", "retracted"), [(0.0, 1.0, "a"), (1.0, 1.0, "b")])
+def test_retraction_takes_lowest_priority_then_newest(low: float, high: float, retracted: str) -> None:
+    core = SimCore(PERF, kv_capacity=1000, reserve_ratio=0.0)
+    core.submit(EngineRequest("a", 300, 600, prefix_key="a", priority=low), 0.0)
+    core.submit(EngineRequest("b", 300, 600, prefix_key="b", priority=high), 0.0)
+    outs = drain(core)
+    assert core.retractions >= 1
+    assert [o.rid for o in outs][-1] == retracted
+    assert all((o.finish_reason, o.output_len) == ("length", 600) for o in outs)
+    assert_idle(core)
+
+
+def test_retracted_request_keeps_its_cached_prefix() -> None:
+    core = SimCore(PERF, kv_capacity=2000, reserve_ratio=0.0)
+    core.submit(EngineRequest("low", 500, 400, prefix_key="low", priority=0.0), 0.0)
+    core.advance(0.05)
+    core.submit(EngineRequest("high", 900, 500, priority=1.0), core.now)
+    while core.retractions == 0:
+        t = core.next_event_time()
+        assert t is not None
+        core.advance(t)
+    assert (core.load().running, core.load().waiting) == (1, 1)
+    assert core.cache.length("low") > 500 and core.cache.evictable == core.cache.length("low")
+    outs = {o.rid: o for o in drain(core)}
+    assert core.retractions == 1
+    assert (outs["low"].output_len, outs["high"].output_len) == (400, 500)
+    assert core.cache.length("low") == 900
+
+
+def test_chunked_prefill_spreads_a_long_prompt_over_iterations() -> None:
+    core = SimCore(PERF, 100_000, prefill_budget=1000)
+    core.submit(EngineRequest("long", 10_000, 1), 0.0)
+    (out,) = drain(core)
+    one = PERF.iteration_time(1000, 0, 0)
+    assert out.prefill_s > 9 * one
+    assert out.decode_s == 0
+
+
+def test_lru_eviction_frees_least_recently_used_tail_first() -> None:
+    cache = PrefixCache()
+    for key, length in [("old", 100), ("new", 100)]:
+        cache.acquire(key, key, 0)
+        cache.release(key, key, length)
+    cache.acquire("new", "reader", 60)
+    assert cache.evict(150) == 140
+    assert (cache.length("old"), cache.length("new"), len(cache)) == (0, 60, 1)
+    assert (cache.tokens, cache.evictable) == (60, 0)
+
+
+def test_simulates_over_a_million_tokens_per_second() -> None:
+    perf = PerfModel("h100", "qwen3-8b")
+    core = SimCore(perf, perf.kv_capacity_tokens())
+    for i in range(2000):
+        core.submit(
+            EngineRequest(f"r{i}", 1000 + i % 3000, 200 + (i * 37) % 1500, prefix_key=f"k{i % 300}"), 0.0
+        )
+    start = time.perf_counter()
+    outs = drain(core)
+    elapsed = time.perf_counter() - start
+    assert len(outs) == 2000
+    assert core.generated_tokens / elapsed > 1e6
+
+
+# Real-time driver
+
+
+@pytest.fixture
+async def engine():
+    eng = SimEngine(model="qwen3-8b", gpu="h100", clock=Clock(speed=1000))
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+async def test_concurrent_generates_complete(engine: SimEngine) -> None:
+    reqs = [EngineRequest(f"r{i}", 200 + 50 * i, 50 + 10 * i, prefix_key=f"k{i % 4}") for i in range(40)]
+    outs = await asyncio.gather(*(engine.generate(r) for r in reqs))
+    assert [(o.rid, o.output_len, o.finish_reason) for o in outs] == [
+        (r.rid, r.max_new_tokens, "length") for r in reqs
+    ]
+    assert engine.info.kind == "sim"
+    assert engine.load().running == 0
+
+
+async def test_cancelling_generate_aborts_the_request(engine: SimEngine) -> None:
+    task = asyncio.create_task(engine.generate(EngineRequest("long", 1000, 200_000)))
+    await asyncio.sleep(0.02)
+    assert engine.load().running == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert_idle(engine.core)
+    assert not await engine.abort("long")
+
+
+async def test_abort_returns_abort_output(engine: SimEngine) -> None:
+    task = asyncio.create_task(engine.generate(EngineRequest("x", 100, 200_000)))
+    await asyncio.sleep(0.02)
+    assert await engine.abort("x")
+    out = await task
+    assert out.finish_reason == "abort" and 0 < out.output_len < 200_000
+
+
+async def test_pause_holds_progress(engine: SimEngine) -> None:
+    task = asyncio.create_task(engine.generate(EngineRequest("p", 100, 20_000)))
+    await asyncio.sleep(0.02)
+    await engine.pause()
+    held = engine.load().generated_tokens
+    assert held > 0
+    queued = asyncio.create_task(engine.generate(EngineRequest("q", 100, 10)))
+    await asyncio.sleep(0.05)  # 50 simulated seconds
+    assert engine.load().generated_tokens == held
+    assert not task.done() and not queued.done()
+    await engine.resume()
+    out, short = await asyncio.gather(task, queued)
+    assert (out.output_len, short.output_len) == (20_000, 10)
+    assert out.decode_s > 50
+
+
+async def test_update_weights_tags_outputs(engine: SimEngine) -> None:
+    before = await engine.generate(EngineRequest("a", 10, 5))
+    await engine.update_weights("v2")
+    after = await engine.generate(EngineRequest("b", 10, 5))
+    assert (before.weight_version, after.weight_version) == ("", "v2")
+
+
+async def test_warm_prefix_caches_the_context(engine: SimEngine) -> None:
+    await engine.warm_prefix("traj", 5000)
+    out = await engine.generate(EngineRequest("next", 6000, 10, prefix_key="traj"))
+    assert out.cached_tokens == 5000
+
+
+async def test_close_aborts_in_flight_requests() -> None:
+    eng = SimEngine(clock=Clock(speed=1000))
+    await eng.start()
+    task = asyncio.create_task(eng.generate(EngineRequest("z", 100, 300_000)))
+    await asyncio.sleep(0.01)
+    await eng.close()
+    assert (await task).finish_reason == "abort"
+    with pytest.raises(RuntimeError):
+        await eng.generate(EngineRequest("late", 1, 1))

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from loom.protocol import DatasetRef, JobSpec, TaskSpec
+from services.scheduler.tasks import SpecError, expand, resolve_tasks
+from tests.conftest import need_shared
+
+
+def test_dataset_resolves_to_trace_tasks_and_expands_into_groups() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    spec = JobSpec(dataset=DatasetRef(name="swe-replay", offset=3, limit=2), group_size=3)
+    tasks = resolve_tasks(spec, None)
+    assert len(tasks) == 2 and all(t.data["trace_id"] == t.id for t in tasks)
+    spec.tasks = tasks
+    works = expand("job-x", spec)
+    assert [w.traj_id for w in works] == [f"t0000{g}-s00{s}" for g in range(2) for s in range(3)]
+    assert len({w.seed for w in works}) == 6
+
+
+def test_invalid_specs_name_the_field() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(), None)
+    assert e.value.loc == ["tasks"]
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(tasks=[TaskSpec(id="a"), TaskSpec(id="b", data={"trace_id": "nope"})]), None)
+    assert e.value.loc == ["tasks", 0, "data", "trace_id"]
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay", offset=10_000)), None)
+    assert e.value.loc == ["dataset", "offset"]
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay", path="/nonexistent.jsonl")), None)
+    assert e.value.loc == ["dataset", "path"]
