@@ -197,6 +197,9 @@ class RolloutWorker:
                 self.completed[req.rid] = reply
                 while len(self.completed) > RESULT_CACHE:
                     self.completed.popitem(last=False)
+        except ValueError as e:  # the engine refuses the request itself (e.g. larger than its KV cache)
+            reply = GenError(req.rid, "invalid_request", str(e), retryable=False)
+            self.m_requests.labels("invalid").inc()
         except asyncio.CancelledError:
             reply = GenError(req.rid, "aborted", "worker shutting down", retryable=True)
             self.m_requests.labels("cancelled").inc()

@@ -44,6 +44,15 @@ class LoomUp:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)  # type: ignore[no-any-return]
 
+    def kill9(self, service: str, wait_s: float = 30) -> None:
+        """SIGKILL one supervised process and wait until the supervisor has started it again."""
+        old = self.state()["pids"][service]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        while self.state()["pids"].get(service) in (None, old):
+            assert time.monotonic() < deadline, f"{service} was not restarted"
+            time.sleep(0.2)
+
     def wait_job(self, job_id: str, timeout: float = 180) -> dict:  # type: ignore[type-arg]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -66,7 +75,8 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "LOOM_LEASE_S": "2"},
+            # Short JetStream ack deadlines so that work held by a killed process comes back quickly.
+            env={**os.environ, "LOOM_LEASE_S": "2", "LOOM_ENVMGR_ACK_WAIT_S": "5", "LOOM_REWARD_ACK_WAIT_S": "5"},
         )
     up = LoomUp(home, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 90

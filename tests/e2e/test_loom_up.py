@@ -37,21 +37,29 @@ def test_router_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> N
     job_id = _submit(loom_up, tmp_path, spec)
     time.sleep(1.5)  # trajectories are mid-flight
     assert loom_up.job(job_id)["state"] == "running"
-    old = loom_up.state()["pids"]["router"]
-    os.kill(old, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while loom_up.state()["pids"].get("router") in (None, old):
-        assert time.monotonic() < deadline, "router was not restarted"
-        time.sleep(0.2)
+    loom_up.kill9("router")
+    _assert_exactly_once(loom_up, tmp_path, job_id, 12)
 
-    job = loom_up.wait_job(job_id)
-    assert job["state"] == "completed" and job["completed"] == 12 and job["failed"] == 0
+
+def test_envmgr_and_reward_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = {"dataset": {"name": "swe-replay", "offset": 20, "limit": 2}, "group_size": 4}
+    job_id = _submit(loom_up, tmp_path, spec)
+    time.sleep(1.5)
+    loom_up.kill9("envmgr")  # its trajectories are redelivered and replayed (engines return cached steps)
+    time.sleep(1.0)
+    loom_up.kill9("reward")
+    _assert_exactly_once(loom_up, tmp_path, job_id, 8)
+
+
+def _assert_exactly_once(up: LoomUp, tmp_path, job_id: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    job = up.wait_job(job_id)
+    assert job["state"] == "completed" and job["completed"] == n and job["failed"] == 0, job
     out = tmp_path / "results.ndjson"
-    r = loom_up.cli("results", job_id, "-o", str(out))
+    r = up.cli("results", job_id, "-o", str(out))
     assert r.returncode == 0, r.stderr
     trajs = [json.loads(line) for line in out.read_text().splitlines()]
     ids = [t["traj_id"] for t in trajs]
-    assert len(ids) == 12 and len(set(ids)) == 12
+    assert len(ids) == n and len(set(ids)) == n
     assert all(t["status"] == "completed" and t["reward"] in (0.0, 1.0) and t["steps"] for t in trajs)
 
 
@@ -104,6 +112,9 @@ async def test_nats_bad_input_is_answered_and_kept(loom_up: LoomUp) -> None:
         assert {d.service for d in letters} >= {"envmgr", "reward", "predictor", "router"}
         # Nothing crashed: work queues are empty (bad messages terminated, not redelivered forever).
         assert (await js.stream_info(subjects.STREAM_TRAJWORK)).state.messages == 0
+        for svc in subjects.SERVICES:
+            text = (await nc.request(subjects.metrics(svc), b"", timeout=3)).data.decode()
+            assert f"loom_{svc}_bad_messages_total" in text
     finally:
         await nc.close()
     assert loom_up.cli("status").returncode == 0
@@ -119,6 +130,7 @@ def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type:
     assert job["state"] == "cancelled" and job["completed"] < 64
     r = loom_up.cli("status")
     assert '"active": 0' in r.stdout  # the environment manager stopped every trajectory
+    assert r.stdout.count('"running": 0') == 2  # and both engines aborted their requests
     assert loom_up.cli("cancel", "job-missing").returncode == 2
 
 

@@ -10,7 +10,7 @@ from nats.aio.client import Client as NATS
 
 from loom.bus import BusError, kv_key, request
 from loom.engine.sim import SimEngine
-from loom.genclient import GenClient
+from loom.genclient import GenClient, GenFailed
 from loom.protocol import AbortRequest, DeadLetter, GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
 from loom.service import Runtime
 from services.rollout.settings import RolloutSettings
@@ -136,6 +136,14 @@ async def test_abort_frees_the_engine(nc: NATS, services: Services) -> None:
     await nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id="job-1")))
     outs = await asyncio.wait_for(asyncio.gather(*calls), 10)
     assert {o.finish_reason for o in outs} == {"abort"}
+
+
+async def test_a_request_the_engine_cannot_hold_fails_fast(nc: NATS, services: Services) -> None:
+    worker = await _worker(services, "w0")
+    await _router(services)
+    too_big = worker.engine.info.kv_capacity_tokens + 1
+    with pytest.raises(GenFailed, match="invalid_request"):
+        await asyncio.wait_for(GenClient(nc, lease_s=1.0).generate(_req("huge.0", n=too_big)), 10)
 
 
 async def test_malformed_messages_get_errors_and_dead_letters(nc: NATS, services: Services) -> None:
