@@ -76,7 +76,12 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             # Short JetStream ack deadlines so that work held by a killed process comes back quickly.
-            env={**os.environ, "LOOM_LEASE_S": "2", "LOOM_ENVMGR_ACK_WAIT_S": "5", "LOOM_REWARD_ACK_WAIT_S": "5"},
+            env={
+                **os.environ,
+                "LOOM_LEASE_S": "2",
+                "LOOM_ENVMGR_ACK_WAIT_S": "5",
+                "LOOM_REWARD_ACK_WAIT_S": "5",
+            },
         )
     up = LoomUp(home, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 90
