@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
 from loom import results
@@ -36,6 +34,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.service import Runtime
+from loom.workqueue import WorkQueueConsumer
 from services.envmgr.replay import LoopContext, TrajectoryAborted, run_replay
 from services.envmgr.settings import EnvmgrSettings
 
@@ -48,9 +47,8 @@ DURABLE = "envmgr"
 class Running:
     work: TrajWork
     msg: Msg
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[Any] | None = None
     cancelled_by_job: bool = False
-    started: float = field(default_factory=time.monotonic)
 
 
 class EnvManager:
@@ -59,7 +57,6 @@ class EnvManager:
         self.settings = settings
         self.running: dict[str, Running] = {}
         self.cancelled_jobs: set[str] = set()
-        self.slot_free = asyncio.Event()
         m = rt.metrics
         self.m_trajs = m.counter("trajectories_total", "Trajectories finished", ["outcome"])
         self.m_steps = m.counter("steps_total", "LLM steps taken")
@@ -79,50 +76,20 @@ class EnvManager:
             predict_timeout_s=self.settings.predict_timeout_s,
         )
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
-        cfg = ConsumerConfig(
-            durable_name=DURABLE,
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_wait=self.settings.ack_wait_s,
-            max_ack_pending=-1,
-        )
-        psub = await rt.js.pull_subscribe(
-            subjects.STREAM_TRAJWORK_SUBJECTS[0], durable=DURABLE, stream=subjects.STREAM_TRAJWORK, config=cfg
+        consumer = WorkQueueConsumer(
+            rt,
+            stream=subjects.STREAM_TRAJWORK,
+            subject=subjects.STREAM_TRAJWORK_SUBJECTS[0],
+            durable=DURABLE,
+            ack_wait_s=self.settings.ack_wait_s,
+            capacity=self.settings.concurrency,
+            handler=self._accept,
         )
         async with asyncio.TaskGroup() as tg:
-            fetcher = tg.create_task(self._fetch_forever(psub))
+            tg.create_task(consumer.run())
             tg.create_task(self._progress_forever())
-            await rt.stopping.wait()
-            fetcher.cancel()
-            await self._hand_back()
-        # A pull subscription never drains (fetch leaves status messages queued): drop it before drain.
-        await psub.unsubscribe()
-
-    async def _hand_back(self) -> None:
-        """On shutdown, stop every trajectory and return it to the queue for another manager."""
-        for r in list(self.running.values()):
-            if r.task is not None:
-                r.task.cancel()
-        tasks = [r.task for r in self.running.values() if r.task is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _fetch_forever(self, psub: Any) -> None:
-        while not self.rt.stopping.is_set():
-            free = self.settings.concurrency - len(self.running)
-            if free <= 0:
-                self.slot_free.clear()
-                await self.slot_free.wait()
-                continue
-            try:
-                msgs = await psub.fetch(min(free, 64), timeout=1.0)
-            except TimeoutError:
-                continue
-            except Exception as e:
-                log.warning("fetch failed: %s", e)
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                await self._accept(m)
+        # Shutting down: stop every trajectory and return it to the queue for another manager.
+        await consumer.finish(0)
 
     async def _accept(self, m: Msg) -> None:
         try:
@@ -137,9 +104,9 @@ class EnvManager:
         if await self._job_over(work.job_id) or await self._traj_done(key):
             await m.ack()
             return
-        r = self.running[key] = Running(work, m)
+        r = self.running[key] = Running(work, m, asyncio.current_task())
         self.m_active.set(len(self.running))
-        r.task = asyncio.create_task(self._run_one(key, r), name=f"traj-{key}")
+        await self._run_one(key, r)
 
     async def _job_over(self, job_id: str) -> bool:
         if job_id in self.cancelled_jobs:
@@ -191,7 +158,6 @@ class EnvManager:
             self.m_trajs.labels(outcome).inc()
             self.running.pop(key, None)
             self.m_active.set(len(self.running))
-            self.slot_free.set()
 
     def _failed(self, w: TrajWork, e: Exception) -> Trajectory:
         now = self.rt.clock.now()

@@ -13,12 +13,12 @@ from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig
 
 from loom import results
 from loom.bus import kv_key
 from loom.protocol import DecodeError, RewardRequest, TrajDone, TrajMeta, TrajState, decode, encode, subjects
 from loom.service import Runtime
+from loom.workqueue import WorkQueueConsumer
 from services.reward.scorer import score
 from services.reward.settings import RewardSettings
 
@@ -31,7 +31,7 @@ class RewardService:
     def __init__(self, rt: Runtime, settings: RewardSettings) -> None:
         self.rt = rt
         self.settings = settings
-        self.inflight: set[asyncio.Task[None]] = set()
+        self.consumer: WorkQueueConsumer | None = None
         m = rt.metrics
         self.m_scored = m.counter("scored_total", "Trajectories scored and stored", ["status"])
         self.m_dupes = m.counter("duplicates_total", "Results already stored (redeliveries)")
@@ -39,41 +39,22 @@ class RewardService:
         self.m_latency = m.histogram("score_seconds", "Time to score and store one trajectory (wall)")
 
     def health(self) -> dict[str, Any]:
-        return {"inflight": len(self.inflight)}
+        return {"inflight": len(self.consumer.tasks) if self.consumer is not None else 0}
 
     async def run(self, rt: Runtime) -> None:
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
-        cfg = ConsumerConfig(
-            durable_name=DURABLE,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait_s,
-            max_deliver=-1,
-            max_ack_pending=-1,
+        self.consumer = WorkQueueConsumer(
+            rt,
+            stream=subjects.STREAM_REWARD,
+            subject=subjects.STREAM_REWARD_SUBJECTS[0],
+            durable=DURABLE,
+            ack_wait_s=self.settings.ack_wait_s,
+            capacity=self.settings.concurrency,
+            handler=self._handle,
+            batch=32,
         )
-        psub = await rt.js.pull_subscribe(
-            subjects.STREAM_REWARD_SUBJECTS[0], durable=DURABLE, stream=subjects.STREAM_REWARD, config=cfg
-        )
-        while not rt.stopping.is_set():
-            free = self.settings.concurrency - len(self.inflight)
-            if free <= 0:
-                await asyncio.wait(self.inflight, return_when=asyncio.FIRST_COMPLETED)
-                continue
-            try:
-                msgs = await psub.fetch(min(free, 32), timeout=1.0)
-            except TimeoutError:
-                continue
-            except Exception as e:
-                log.warning("fetch failed: %s", e)
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                t = asyncio.create_task(self._handle(m))
-                self.inflight.add(t)
-                t.add_done_callback(self.inflight.discard)
-        if self.inflight:
-            await asyncio.wait(self.inflight, timeout=10)
-        # A pull subscription never drains (fetch leaves status messages queued): drop it before drain.
-        await psub.unsubscribe()
+        await self.consumer.run()
+        await self.consumer.finish(10)
 
     async def _handle(self, m: Msg) -> None:
         with self.m_latency.time():
