@@ -1,0 +1,99 @@
+"""Runtime trajectory migration (Heddle §5.3).
+
+After a prediction update the trajectory is ranked among the active ones (longest predicted first).
+Instead of re-running the DP, the planned group sizes s_1..s_m are scaled by n*/n (n* = trajectories
+still active), and the trajectory belongs to the worker whose scaled range holds its rank. If that is not
+its current worker it migrates, during its tool call. Transfers are batched longest first, and a batch
+never uses a worker twice as source or destination (endpoint exclusivity).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Move:
+    traj: str
+    src: str
+    dst: str
+    length: float  # predicted length: the transfer scheduler serves long trajectories first
+
+
+class MigrationPlanner:
+    def __init__(self, group_workers: Sequence[str], group_sizes: Sequence[int]) -> None:
+        """``group_workers[i]`` serves the i-th longest group, of ``group_sizes[i]`` trajectories."""
+        if len(group_workers) != len(group_sizes) or not group_workers:
+            raise ValueError("one size per group, at least one group")
+        self.workers = list(group_workers)
+        self.sizes = [max(0, s) for s in group_sizes]
+        self.n_planned = sum(self.sizes)
+        self._ranked: list[tuple[float, str]] = []  # (-predicted length, traj), ascending = longest first
+        self._pred: dict[str, float] = {}
+        self.where: dict[str, str] = {}
+
+    def add(self, traj: str, predicted: float, worker: str) -> None:
+        self._set(traj, predicted)
+        self.where[traj] = worker
+
+    def finish(self, traj: str) -> None:
+        self._drop(traj)
+        self.where.pop(traj, None)
+
+    @property
+    def active(self) -> int:
+        return len(self._ranked)
+
+    def rank(self, traj: str) -> int:
+        return bisect.bisect_left(self._ranked, (-self._pred[traj], traj))
+
+    def target(self, rank: int) -> str:
+        """The worker whose scaled group range contains ``rank`` (0 = longest)."""
+        scale = self.active / self.n_planned if self.n_planned else 0.0
+        edge = 0.0
+        for w, s in zip(self.workers, self.sizes, strict=True):
+            edge += s * scale
+            if rank < edge:
+                return w
+        return next(
+            (w for w, s in zip(reversed(self.workers), reversed(self.sizes), strict=True) if s),
+            self.workers[-1],
+        )
+
+    def update(self, traj: str, predicted: float) -> Move | None:
+        """Record a new prediction; returns the move it calls for, if any."""
+        self._set(traj, predicted)
+        dst = self.target(self.rank(traj))
+        src = self.where.get(traj)
+        if src is None or src == dst:
+            return None
+        return Move(traj, src, dst, predicted)
+
+    def moved(self, traj: str, worker: str) -> None:
+        self.where[traj] = worker
+
+    def _set(self, traj: str, predicted: float) -> None:
+        self._drop(traj)
+        self._pred[traj] = predicted
+        bisect.insort(self._ranked, (-predicted, traj))
+
+    def _drop(self, traj: str) -> None:
+        old = self._pred.pop(traj, None)
+        if old is not None:
+            i = bisect.bisect_left(self._ranked, (-old, traj))
+            del self._ranked[i]
+
+
+def schedule_transfers(pending: Iterable[Move], busy: Iterable[str] = ()) -> list[Move]:
+    """One epoch of the transmission scheduler: longest first, skipping any move whose source or
+    destination is already used by a selected or running transfer."""
+    used = set(busy)
+    batch = []
+    for mv in sorted(pending, key=lambda m: (-m.length, m.traj)):
+        if mv.src in used or mv.dst in used:
+            continue
+        batch.append(mv)
+        used.update((mv.src, mv.dst))
+    return batch
