@@ -18,8 +18,9 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
 from loom.bus import kv_key
+from loom.policies.ordering import RequestMeta
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.queueing import FcfsQueue
+from loom.policies.queueing import AdmissionQueue
 from loom.protocol import (
     AbortRequest,
     CancelJob,
@@ -60,7 +61,8 @@ class Router:
         self.placement: dict[str, str] = {}  # "<job>.<traj>" -> worker
         self.priorities: dict[str, float] = {}
         self.workers: dict[str, WorkerInfo] = {}
-        self.queues: dict[str, FcfsQueue[Queued]] = defaultdict(FcfsQueue)
+        self.queues: dict[str, AdmissionQueue[Queued]] = defaultdict(AdmissionQueue)
+        self.first_seen: dict[str, float] = {}  # trajectory -> arrival of its first request
         self.forwarded: dict[str, dict[str, float]] = defaultdict(dict)  # worker -> rid -> wall time
         self.rid_worker: dict[str, str] = {}
         self.rid_req: dict[str, GenRequest] = {}
@@ -122,8 +124,15 @@ class Router:
             return
         worker = await self._worker_for(req)
         self.rid_req[req.rid] = req
-        self.queues[worker].push(req.rid, Queued(req, time.time()), req.priority)
+        self.queues[worker].push(req.rid, Queued(req, time.time()), self._meta(req))
         self.wake.set()
+
+    def _meta(self, req: GenRequest) -> RequestMeta:
+        key = kv_key(req.job_id, req.traj_id)
+        now = time.time()
+        first = self.first_seen.setdefault(key, now)
+        prio = self.priorities.get(key, req.priority)
+        return RequestMeta(traj=key, step=req.step, priority=prio, traj_arrival=first, arrival=now)
 
     async def _worker_for(self, req: GenRequest) -> str:
         key = kv_key(req.job_id, req.traj_id)
@@ -175,7 +184,7 @@ class Router:
         if self.workers and len(self.queues[UNASSIGNED]):
             while (item := self.queues[UNASSIGNED].pop()) is not None:
                 rid, queued = item
-                self.queues[await self._worker_for(queued.req)].push(rid, queued, queued.req.priority)
+                self.queues[await self._worker_for(queued.req)].push(rid, queued, self._meta(queued.req))
         for w, info in list(self.workers.items()):
             queue = self.queues[w]
             room = info.max_running + self.settings.overcommit - len(self.forwarded[w])
@@ -225,7 +234,7 @@ class Router:
                 log.warning("worker %s is gone; requeueing its %d queued requests", w, len(self.queues[w]))
                 for rid, q in self.queues[w].items():
                     self.queues[w].remove(rid)
-                    self.queues[UNASSIGNED].push(rid, q, q.req.priority)
+                    self.queues[UNASSIGNED].push(rid, q, self._meta(q.req))
                 for rid in list(self.forwarded[w]):
                     self._forget(rid)
             if gone or workers:
@@ -265,7 +274,10 @@ class Router:
             del self.placement[key]
 
     async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
-        self.priorities[kv_key(p.job_id, p.traj_id)] = p.priority
+        key = kv_key(p.job_id, p.traj_id)
+        self.priorities[key] = p.priority
+        for q in self.queues.values():
+            q.reprioritize(key, p.priority)
 
     async def on_placement(self, p: Placement, _msg: Msg) -> None:
         for traj, w in p.assignments.items():
@@ -275,3 +287,4 @@ class Router:
         key = kv_key(ev.job_id, ev.traj_id)
         self.placement.pop(key, None)
         self.priorities.pop(key, None)
+        self.first_seen.pop(key, None)

@@ -3,21 +3,22 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loom.policies.ordering import Fcfs, Pps, RequestMeta, RoundRobin, preemption_victim
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.queueing import FcfsQueue
+from loom.policies.queueing import AdmissionQueue
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.floats(-10, 10)), max_size=60), st.data())
 def test_fcfs_pops_in_arrival_order_whatever_the_priority(
     ops: list[tuple[int, float]], data: st.DataObject
 ) -> None:
-    q: FcfsQueue[int] = FcfsQueue()
+    q: AdmissionQueue[int] = AdmissionQueue(Fcfs())
     order: list[str] = []
     for i, (rid_n, prio) in enumerate(ops):
         rid = f"r{rid_n}"
         if rid not in q and rid not in order:
             order.append(rid)
-        q.push(rid, i, prio)
+        q.push(rid, i, RequestMeta(traj=rid, step=0, priority=prio, traj_arrival=float(i)))
     removed = set(data.draw(st.lists(st.sampled_from(order), unique=True)) if order else [])
     for rid in removed:
         assert q.remove(rid) is not None
@@ -40,3 +41,38 @@ def test_round_robin_spreads_evenly_and_continues() -> None:
 def test_replacement_goes_to_least_loaded() -> None:
     rr = RoundRobinPlacement()
     assert rr.place_one("t", ["w0", "w1", "w2"], {"w0": 5, "w1": 1, "w2": 1}) == "w1"
+
+
+def _meta(traj: str, step: int, prio: float, traj_arrival: float, arrival: float) -> RequestMeta:
+    return RequestMeta(traj=traj, step=step, priority=prio, traj_arrival=traj_arrival, arrival=arrival)
+
+
+def test_orders_differ_as_documented() -> None:
+    # "a" started first and is back from a tool call (step 3); "b" and "c" are newer trajectories.
+    reqs = [("b0", _meta("b", 0, 10, 5, 5)), ("a3", _meta("a", 3, 1, 0, 6)), ("c0", _meta("c", 0, 99, 7, 7))]
+    got = {}
+    for policy in (Fcfs(), RoundRobin(), Pps()):
+        q: AdmissionQueue[None] = AdmissionQueue(policy)
+        for rid, m in reqs:
+            q.push(rid, None, m)
+        got[policy.name] = q.ordered()
+    assert got["fcfs"] == ["a3", "b0", "c0"]  # a keeps its place across steps
+    assert got["rr"] == ["b0", "a3", "c0"]  # a went to the tail after its tool call
+    assert got["pps"] == ["c0", "b0", "a3"]  # longest predicted remaining first
+
+
+def test_a_priority_update_reorders_the_queue() -> None:
+    q: AdmissionQueue[None] = AdmissionQueue(Pps())
+    for i, t in enumerate("xyz"):
+        q.push(f"{t}.0", None, _meta(t, 0, 100 - i, i, i))
+    assert q.ordered() == ["x.0", "y.0", "z.0"]
+    assert q.reprioritize("z", 1000) == 1
+    assert q.ordered() == ["z.0", "x.0", "y.0"]
+    assert q.pop() == ("z.0", None) and len(q) == 2
+
+
+def test_preemption_follows_algorithm_1() -> None:
+    running = [("r1", 50.0), ("r2", 5.0), ("r3", 70.0)]
+    assert preemption_victim(60.0, running) == "r2"
+    assert preemption_victim(5.0, running) is None  # ties do not preempt
+    assert preemption_victim(1e9, []) is None
