@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import logs
+from loom_cli import bench
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
 
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     j = sub.add_parser("job", help="a job's status")
     j.add_argument("job")
 
+    bench.register(sub)
+
     d = sub.add_parser("demo", help="run a replayed demo job end to end and print a summary")
     d.add_argument("--prompts", type=int, default=8)
     d.add_argument("--samples", type=int, default=8)
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
             rc = asyncio.run(_up(args))
         elif args.cmd == "status":
             rc = asyncio.run(_status(args))
+        elif args.cmd == "bench":
+            rc = bench.run(args)
         elif args.cmd == "demo":
             from loom_cli.demo import run_demo
 

@@ -1,8 +1,12 @@
 """Roofline performance model of one engine iteration: GPU datasheet x model config x efficiencies.
 
 An iteration's time is a fixed overhead, plus the larger of its compute time and its memory time (each at
-an achieved fraction of the datasheet peak), plus the tensor-parallel all-reduces. The efficiencies live in
-one table keyed by GPU so that calibration against measured points replaces numbers, not code.
+an achieved fraction of the datasheet peak) and the exposed part of the smaller one, plus the tensor-parallel
+all-reduces. The efficiencies live in one table keyed by GPU so that calibration against measured points
+(``loom.engine.calibration``) replaces numbers, not code.
+
+Per-token time and the interference factor are Heddle's T and alpha (its F of a group): the time between two
+tokens of one sequence decoding in a batch, and that time over the batch-1 time.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ GPUS: dict[str, GpuSpec] = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A dense decoder-only transformer with grouped-query attention and a gated MLP (Qwen3 layout)."""
+    """A dense decoder-only transformer with grouped-query attention and a gated MLP (Qwen3, Llama-2)."""
 
     name: str
     layers: int
@@ -48,6 +52,7 @@ class ModelConfig:
     head_dim: int = 128
     vocab: int = 151936
     tie_embeddings: bool = False
+    qk_norm: bool = True
 
     @property
     def attn_params(self) -> int:
@@ -64,7 +69,7 @@ class ModelConfig:
     @property
     def layer_params(self) -> int:
         # Two RMSNorms over hidden plus Qwen3's q/k norms over head_dim.
-        return self.attn_params + self.mlp_params + 2 * self.hidden + 2 * self.head_dim
+        return self.attn_params + self.mlp_params + 2 * self.hidden + 2 * self.head_dim * self.qk_norm
 
     @property
     def embedding_params(self) -> int:
@@ -98,6 +103,17 @@ MODELS: dict[str, ModelConfig] = {
         ModelConfig("qwen3-8b", layers=36, hidden=4096, heads=32, kv_heads=8, intermediate=12288),
         ModelConfig("qwen3-14b", layers=40, hidden=5120, heads=40, kv_heads=8, intermediate=17408),
         ModelConfig("qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, intermediate=25600),
+        # Vidur's profiled model, kept for calibration.
+        ModelConfig(
+            "llama-2-7b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=32,
+            intermediate=11008,
+            vocab=32000,
+            qk_norm=False,
+        ),
     )
 }
 
@@ -106,18 +122,23 @@ MODELS: dict[str, ModelConfig] = {
 class Efficiency:
     """Achieved fractions of datasheet peaks, and fixed costs, for one GPU kind."""
 
-    compute: float = 0.68
-    memory: float = 0.70
+    compute: float = 0.701
+    memory: float = 0.698
+    # Fraction of the shorter of compute and memory time that the longer does not hide: kernels do not
+    # overlap the two perfectly, which is what makes the knee of the roofline round.
+    exposed: float = 0.397
     overhead_s: float = 0.0005  # scheduling, kernel launches and sampling per iteration
     link: float = 0.75
     allreduce_latency_s: float = 10e-6
 
 
-# Default: Vidur's H100 profile of Llama-2-7B (about 0.69 of peak bandwidth in the flat decode region,
-# about 0.66-0.69 of peak FLOPs at 1-2K tokens). H20: fitted to Qwen's SGLang decode speeds at batch 1
-# (Qwen3-8B 81.7, 14B 47.1, 32B 20.7 tok/s); its few SMs keep small-batch GEMVs far from peak bandwidth.
+# Fitted by ``loom.engine.calibration.fit`` (least squares of relative error, rounded; a test checks that a
+# refit agrees). Default: compute, memory and exposed from Vidur's H100 profile of Llama-2-7B. H20: memory and
+# overhead from Qwen's SGLang decode speeds at batch 1 (Qwen3-8B 81.7, 14B 47.1, 32B 20.7 tok/s); its few SMs
+# keep small-batch GEMVs far from peak bandwidth. Overhead, link efficiency and all-reduce latency of the
+# other GPUs are priors: no published point constrains them.
 EFFICIENCY: dict[str, Efficiency] = {
-    "h20": Efficiency(memory=0.342, overhead_s=0.001),
+    "h20": Efficiency(memory=0.344, overhead_s=0.001),
 }
 
 
@@ -156,18 +177,20 @@ class PerfModel:
         self._kv_shards = min(tp, m.kv_heads)
         flops_rate = self.gpu.bf16_tflops * 1e12 * eff.compute * tp
         byte_rate = self.gpu.mem_bw_tbps * 1e12 * eff.memory
+        # NVLink's datasheet figure counts both directions.
+        self._link_rate = self.gpu.nvlink_gbps * 1e9 / 2 * eff.link
         self._s_per_token = 2 * m.layers * (m.attn_params + m.mlp_params) / flops_rate
         self._s_per_logit_row = 2 * m.embedding_params / flops_rate
         # QK^T and PV: 2 FLOPs each per (query, key, head, head_dim element).
         self._s_per_attn_pair = 4 * m.layers * m.heads * m.head_dim / flops_rate
         self._weights_s = m.weight_bytes_read / tp / byte_rate
+        self._layer_weights_s = m.layers * (m.attn_params + m.mlp_params) * _BF16 / tp / byte_rate
         self._s_per_kv_token = m.kv_bytes_per_token / self._kv_shards / byte_rate
         if tp > 1:
-            # Two ring all-reduces of the hidden state per layer; NVLink's figure counts both directions.
-            link_rate = self.gpu.nvlink_gbps * 1e9 / 2 * eff.link
+            # Two ring all-reduces of the hidden state per layer.
             n_allreduce = 2 * m.layers
             self._comm_s = n_allreduce * eff.allreduce_latency_s
-            self._comm_s_per_token = n_allreduce * 2 * (tp - 1) / tp * m.hidden * _BF16 / link_rate
+            self._comm_s_per_token = n_allreduce * 2 * (tp - 1) / tp * m.hidden * _BF16 / self._link_rate
         else:
             self._comm_s = self._comm_s_per_token = 0.0
 
@@ -194,7 +217,7 @@ class PerfModel:
         )
         memory = self._weights_s + decode_kv_tokens * self._s_per_kv_token
         comm = self._comm_s + tokens * self._comm_s_per_token if self.tp > 1 else 0.0
-        return self.efficiency.overhead_s + max(compute, memory) + comm
+        return self.efficiency.overhead_s + self._roofline(compute, memory) + comm
 
     def decode_span(self, decode_seqs: int, decode_kv_tokens: int, iterations: int) -> float:
         """Seconds for ``iterations`` pure decode iterations of ``decode_seqs`` sequences whose context grows
@@ -218,10 +241,37 @@ class PerfModel:
         else:
             split = min(n, max(0, math.floor((p - a) / (b - q)) + 1))
         if b >= q:
-            bounded = _arith(p, q, 0, split) + _arith(a, b, split, n)
+            larger = _arith(p, q, 0, split) + _arith(a, b, split, n)
         else:
-            bounded = _arith(a, b, 0, split) + _arith(p, q, split, n)
-        return n * fixed + bounded
+            larger = _arith(a, b, 0, split) + _arith(p, q, split, n)
+        # max + e * min = (1 - e) * max + e * (compute + memory)
+        both = _arith(a + p, b + q, 0, n)
+        exposed = self.efficiency.exposed
+        return n * fixed + (1 - exposed) * larger + exposed * both
+
+    def per_token_time(self, batch: int, context_len: int) -> float:
+        """Seconds between two tokens of one sequence decoding in a batch of ``batch`` sequences that each
+        hold ``context_len`` tokens: Heddle's per-token time, T at batch 1."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        return self.iteration_time(0, batch, batch * context_len)
+
+    def interference(self, batch: int, context_len: int) -> float:
+        """Heddle's interference factor of a batch: its per-token time over the batch-1 per-token time."""
+        return self.per_token_time(batch, context_len) / self.per_token_time(1, context_len)
+
+    def linear_layers_time(self, tokens: int) -> float:
+        """Seconds for the weight GEMMs of the transformer layers over ``tokens`` tokens, without attention,
+        LM head, all-reduces and overhead: what Vidur profiles as an iteration's non-attention time."""
+        return self._roofline(tokens * self._s_per_token, self._layer_weights_s)
+
+    def kv_transfer_time(self, tokens: int, bandwidth_gbps: float | None = None) -> float:
+        """Seconds to move ``tokens`` of KV cache to another engine, each rank sending its shard over its own
+        link of ``bandwidth_gbps`` GB/s (default: one direction of this GPU's NVLink, at link efficiency)."""
+        rate = self._link_rate if bandwidth_gbps is None else bandwidth_gbps * 1e9
+        if rate <= 0:
+            raise ValueError(f"bandwidth must be positive, got {bandwidth_gbps}")
+        return tokens * self.model.kv_bytes_per_token / self._kv_shards / rate
 
     def kv_capacity_tokens(self, mem_fraction: float = 0.9) -> int:
         """KV-cache tokens that fit beside the weights and activations (SGLang's ``mem_fraction_static``)."""
@@ -229,6 +279,9 @@ class PerfModel:
         reserve = self.activation_reserve_gib * _GIB * self.tp
         per_token = self.model.kv_bytes_per_token * self.tp / self._kv_shards
         return max(0, int((budget - self.model.weight_bytes - reserve) // per_token))
+
+    def _roofline(self, compute: float, memory: float) -> float:
+        return max(compute, memory) + self.efficiency.exposed * min(compute, memory)
 
 
 def _arith(a: float, b: float, lo: int, hi: int) -> float:

@@ -20,7 +20,9 @@ class _Entry:
 
 class PrefixCache:
     def __init__(self) -> None:
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._entries: dict[str, _Entry] = {}
+        # Keys with evictable tokens, least recently used first: eviction never walks past pinned entries.
+        self._lru: OrderedDict[str, None] = OrderedDict()
         self.tokens = 0
         self.evictable = 0
 
@@ -53,21 +55,39 @@ class PrefixCache:
         pin = max(entry.holders.values(), default=0)
         self._set(key, entry, entry.length if length is None else max(length, pin), pin)
 
-    def evict(self, tokens: int) -> int:
-        """Free up to ``tokens`` from least recently used entries; return how many were freed."""
+    def insert(self, key: str, length: int) -> None:
+        """Make ``key`` hold at least ``length`` tokens (an imported prefix); the tail is evictable."""
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        self._set(key, entry, max(entry.length, length), entry.pin)
+
+    def trim(self, key: str) -> None:
+        """Drop what no running request reuses of ``key`` (an exported prefix that moved away)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._set(key, entry, entry.pin, entry.pin)
+
+    def evict(self, tokens: int, spare: str | None = None) -> int:
+        """Free up to ``tokens`` from least recently used entries other than ``spare``; return how many
+        were freed."""
         freed = 0
-        emptied = []
-        for key, entry in self._entries.items():
+        drained = []
+        for key in self._lru:
             if freed >= tokens:
                 break
+            if key == spare:
+                continue
+            entry = self._entries[key]
             take = min(entry.length - entry.pin, tokens - freed)
-            if take > 0:
-                entry.length -= take
-                freed += take
-                if entry.length == 0 and not entry.holders:
-                    emptied.append(key)
-        for key in emptied:
-            del self._entries[key]
+            entry.length -= take
+            freed += take
+            if entry.length == entry.pin:
+                drained.append(key)
+        for key in drained:
+            del self._lru[key]
+            if self._entries[key].length == 0 and not self._entries[key].holders:
+                del self._entries[key]
         self.tokens -= freed
         self.evictable -= freed
         return freed
@@ -78,5 +98,8 @@ class PrefixCache:
         entry.length, entry.pin = length, pin
         if length == 0 and not entry.holders:
             del self._entries[key]
+        if length > pin:
+            self._lru[key] = None
+            self._lru.move_to_end(key)
         else:
-            self._entries.move_to_end(key)
+            self._lru.pop(key, None)

@@ -8,8 +8,7 @@ import itertools
 
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import SimCore
+from loom.engine.sim_core import SimCore, build_core
 
 __all__ = ["SimCore", "SimEngine"]
 
@@ -30,14 +29,18 @@ class SimEngine:
         max_running: int = 256,
         mem_fraction: float = 0.9,
     ) -> None:
-        self.perf = PerfModel(gpu, model, tp)
-        capacity = self.perf.kv_capacity_tokens(mem_fraction)
-        if capacity <= 0:
-            raise ValueError(f"{model} does not fit on {tp} x {gpu} at mem_fraction {mem_fraction}")
         self.clock = clock or Clock()
-        self.core = SimCore(self.perf, capacity, max_running=max_running, start=self.clock.now())
+        self.core = build_core(
+            model, gpu, tp, mem_fraction=mem_fraction, max_running=max_running, start=self.clock.now()
+        )
+        self.perf = self.core.perf
         self.info = EngineInfo(
-            kind="sim", model=model, gpu=gpu, tp=tp, max_running=max_running, kv_capacity_tokens=capacity
+            kind="sim",
+            model=model,
+            gpu=gpu,
+            tp=tp,
+            max_running=max_running,
+            kv_capacity_tokens=self.core.kv_capacity,
         )
         self._futures: dict[str, asyncio.Future[EngineOutput]] = {}
         self._wake = asyncio.Event()
@@ -90,6 +93,17 @@ class SimEngine:
         await self.generate(
             EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
         )
+
+    async def export_prefix(self, prefix_key: str, remove: bool = True) -> int:
+        """Tokens cached for ``prefix_key`` (the source side of a migration); ``remove`` frees them here."""
+        self._catch_up()
+        return self.core.export_prefix(prefix_key, remove)
+
+    async def import_prefix(self, prefix_key: str, tokens: int, bandwidth_gbps: float | None = None) -> None:
+        """Receive ``tokens`` of ``prefix_key``'s KV from another engine; returns once they have landed."""
+        lands = self.core.import_prefix(prefix_key, tokens, self.clock.now(), bandwidth_gbps)
+        await self.clock.sleep(lands - self.clock.now())
+        self._catch_up()
 
     async def update_weights(self, version: str) -> None:
         # Requests finished before the update carry the old version.

@@ -7,6 +7,9 @@ an arrival, or the time asked for), so simulating costs O(events), not O(tokens)
 
 Every request produces exactly ``max_new_tokens`` (as with ``ignore_eos``): replayed workloads emit their
 recorded token counts, so the simulator never stops early.
+
+A trajectory's cached prefix can move between engines (migration): ``export_prefix`` on the source,
+``import_prefix`` on the target, where it lands after the KV transfer time and is evictable from then on.
 """
 
 from __future__ import annotations
@@ -56,6 +59,23 @@ class _Chunk:
     prefill: list[tuple[_Seq, int]] = field(default_factory=list)
 
 
+def build_core(
+    model: str = "qwen3-8b",
+    gpu: str = "h100",
+    tp: int = 1,
+    *,
+    mem_fraction: float = 0.9,
+    max_running: int = 256,
+    start: float = 0.0,
+) -> SimCore:
+    """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights."""
+    perf = PerfModel(gpu, model, tp)
+    capacity = perf.kv_capacity_tokens(mem_fraction)
+    if capacity <= 0:
+        raise ValueError(f"{model} does not fit on {tp} x {gpu} at mem_fraction {mem_fraction}")
+    return SimCore(perf, capacity, max_running=max_running, start=start)
+
+
 class SimCore:
     def __init__(
         self,
@@ -97,6 +117,7 @@ class SimCore:
         self._remaining = 0  # tokens the running sequences have still to generate
         self._chunk: _Chunk | None = None
         self._outbox: list[EngineOutput] = []
+        self._imports: list[tuple[float, int, str, int]] = []  # (lands at, seq, prefix_key, tokens)
 
     @property
     def now(self) -> float:
@@ -153,6 +174,26 @@ class SimCore:
         self._chunk = None
         return self._close(s, "abort")
 
+    def export_prefix(self, prefix_key: str, remove: bool = True) -> int:
+        """Tokens cached for ``prefix_key``; with ``remove``, drop what no running request reuses."""
+        length = self.cache.length(prefix_key)
+        if remove:
+            self.cache.trim(prefix_key)
+        return length
+
+    def import_prefix(
+        self, prefix_key: str, tokens: int, now: float, bandwidth_gbps: float | None = None
+    ) -> float:
+        """Start receiving ``tokens`` of ``prefix_key``'s KV at ``now``; return when they land. Requests
+        admitted from then on reuse them. The landing takes free or evictable KV only, so it never retracts a
+        running request; what does not fit is dropped."""
+        if tokens < 0:
+            raise ValueError(f"cannot import {tokens} tokens")
+        lands = max(now, self._now) + self.perf.kv_transfer_time(tokens, bandwidth_gbps)
+        self._seq += 1
+        heapq.heappush(self._imports, (lands, self._seq, prefix_key, tokens))
+        return lands
+
     def stall(self, until: float) -> None:
         """Let simulated time pass with no iterations (a paused engine); queued work keeps waiting."""
         self._chunk = None
@@ -193,12 +234,14 @@ class SimCore:
                 if iters:
                     self._commit(chunk, iters)
             break
+        self._land()
         out, self._outbox = self._outbox, []
         return out
 
     # Scheduling
 
     def _plan(self) -> _Chunk | None:
+        self._land()
         while self._arrivals and self._arrivals[0][0] <= self._now:
             _, seq, rid = heapq.heappop(self._arrivals)
             s = self._reqs.get(rid)
@@ -396,6 +439,20 @@ class SimCore:
         short = tokens - (self.kv_capacity - self.kv_used_tokens)
         if short > 0 and self.cache.evict(short) < short:
             raise AssertionError("KV reservation beyond what the plan checked")
+
+    def _land(self) -> None:
+        """Cache the imports whose transfer has finished, in free KV or in place of other evictable prefixes.
+
+        This keeps ``_avail`` unchanged, so a run of iterations planned before a landing stays valid."""
+        while self._imports and self._imports[0][0] <= self._now:
+            _, _, key, tokens = heapq.heappop(self._imports)
+            gain = tokens - self.cache.length(key)
+            if gain <= 0:
+                continue
+            short = gain - (self.kv_capacity - self.kv_used_tokens)
+            if short > 0:
+                gain -= short - self.cache.evict(short, spare=key)
+            self.cache.insert(key, self.cache.length(key) + gain)
 
     def _queue_head(self) -> _Seq | None:
         while self._queue:

@@ -1,0 +1,139 @@
+"""The performance model: calibration against published points, interference factor, KV transfers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loom.engine.calibration import POINTS, calibration_report, fit
+from loom.engine.interference import context_bucket, interference_table
+from loom.engine.perf import EFFICIENCY, GPUS, MODELS, Efficiency, PerfModel
+
+PROPS = settings(max_examples=120, deadline=None)
+
+
+@pytest.mark.parametrize(
+    ("model", "tok_s", "tolerance"),
+    [("qwen3-8b", 81.7, 0.10), ("qwen3-14b", 47.1, 0.15), ("qwen3-32b", 20.7, 0.15)],
+)
+def test_decode_speed_matches_published_h20_batch1(model: str, tok_s: float, tolerance: float) -> None:
+    # Qwen's benchmark: batch 1, 2,048 generated tokens after a one-token prompt.
+    perf = PerfModel("h20", model)
+    assert 2048 / perf.decode_span(1, 1, 2048) == pytest.approx(tok_s, rel=tolerance)
+
+
+def test_every_calibration_point_within_five_percent() -> None:
+    report = calibration_report()
+    assert len(report) == len(POINTS) == 8
+    assert {(c.point.gpu, c.point.model) for c in report} == {
+        ("h20", "qwen3-8b"),
+        ("h20", "qwen3-14b"),
+        ("h20", "qwen3-32b"),
+        ("h100", "llama-2-7b"),
+    }
+    assert max(abs(c.rel_error) for c in report) < 0.05
+
+
+def test_recorded_efficiencies_are_the_fit() -> None:
+    fitted = fit()
+    recorded = {"default": Efficiency(), "h20": EFFICIENCY["h20"]}
+    for kind in ("default", "h20"):
+        for name in ("compute", "memory", "exposed", "overhead_s"):
+            assert getattr(recorded[kind], name) == pytest.approx(getattr(fitted[kind], name), rel=0.01)
+
+    def loss(table: dict[str, Efficiency]) -> float:
+        return sum(c.rel_error**2 for c in calibration_report(table))
+
+    assert loss(recorded) <= 1.05 * loss(fitted)
+
+
+def test_param_counts_match_published_sizes() -> None:
+    billions = {name: m.params / 1e9 for name, m in MODELS.items()}
+    assert billions == pytest.approx(
+        {"qwen3-0.6b": 0.6, "qwen3-8b": 8.2, "qwen3-14b": 14.8, "qwen3-32b": 32.8, "llama-2-7b": 6.74},
+        rel=0.02,
+    )
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h800", "h20", "h200", "a100"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_iteration_time_is_monotone_in_batch(gpu: str, tp: int) -> None:
+    perf = PerfModel(gpu, "qwen3-8b", tp)
+    decode = [perf.iteration_time(0, b, b * 2000) for b in range(1, 513)]
+    prefill = [perf.iteration_time(p, 8, 16000) for p in range(0, 16384, 97)]
+    assert decode == sorted(decode) and decode[0] < decode[-1]
+    assert prefill == sorted(prefill) and prefill[0] < prefill[-1]
+
+
+@given(
+    seqs=st.integers(1, 300), kv=st.integers(0, 500_000), n=st.integers(0, 400), tp=st.sampled_from([1, 2, 8])
+)
+@PROPS
+def test_decode_span_is_the_sum_of_iterations(seqs: int, kv: int, n: int, tp: int) -> None:
+    perf = PerfModel("h20", "qwen3-14b", tp)
+    expected = sum(perf.iteration_time(0, seqs, kv + i * seqs) for i in range(n))
+    assert perf.decode_span(seqs, kv, n) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_kv_capacity_grows_with_memory_and_tp() -> None:
+    one = PerfModel("h100", "qwen3-8b").kv_capacity_tokens()
+    assert 300_000 < one < 500_000
+    assert PerfModel("h100", "qwen3-8b", tp=2).kv_capacity_tokens() > 2 * one
+    assert PerfModel("h200", "qwen3-8b").kv_capacity_tokens() > one
+    assert PerfModel("h100", "qwen3-8b").kv_capacity_tokens(mem_fraction=0.5) < one
+
+
+# Interference
+
+
+@given(
+    gpu=st.sampled_from(sorted(GPUS)),
+    model=st.sampled_from(sorted(MODELS)),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    context=st.integers(0, 64_000),
+    batches=st.lists(st.integers(1, 512), min_size=2, max_size=10),
+)
+@PROPS
+def test_interference_is_one_alone_and_grows_with_batch(
+    gpu: str, model: str, tp: int, context: int, batches: list[int]
+) -> None:
+    perf = PerfModel(gpu, model, tp)
+    assert perf.interference(1, context) == 1.0
+    ordered = sorted(batches)
+    factors = [perf.interference(b, context) for b in ordered]
+    assert factors == sorted(factors) and factors[0] >= 1.0
+    assert perf.per_token_time(1, context) == perf.iteration_time(0, 1, context)
+
+
+def test_interference_table_is_bucketed_cached_and_matches_the_model() -> None:
+    assert [context_bucket(c) for c in (0, 1, 2, 3, 1000, 1024, 1025)] == [1, 1, 2, 4, 1024, 1024, 2048]
+    table = interference_table("qwen3-8b", "h100", 2, 3000)
+    assert interference_table("Qwen3-8B", "H100", 2, 4096) is table
+    assert len(table.factors) == 256 and table.factor(1) == 1.0
+    assert list(table.factors) == sorted(table.factors)
+    perf = PerfModel("h100", "qwen3-8b", 2)
+    assert table.base_s == perf.per_token_time(1, 4096)
+    assert table.factor(64) == pytest.approx(perf.interference(64, 4096))
+    with pytest.raises(ValueError):
+        table.factor(257)
+
+
+def test_tensor_parallel_lowers_per_token_time() -> None:
+    times = [PerfModel("h100", "qwen3-32b", tp).per_token_time(1, 4096) for tp in (1, 2, 4, 8)]
+    assert times == sorted(times, reverse=True)
+
+
+# KV transfer
+
+
+def test_kv_transfer_time_is_bytes_over_bandwidth() -> None:
+    perf = PerfModel("h100", "qwen3-8b")
+    nbytes = 10_000 * perf.model.kv_bytes_per_token
+    assert perf.kv_transfer_time(10_000, bandwidth_gbps=50) == pytest.approx(nbytes / 50e9)
+    # Default: one direction of NVLink (900 GB/s both ways) at the link efficiency.
+    assert perf.kv_transfer_time(10_000) == pytest.approx(nbytes / (450e9 * perf.efficiency.link))
+    # Each rank sends its own shard in parallel.
+    assert PerfModel("h100", "qwen3-8b", 2).kv_transfer_time(10_000, 50) == pytest.approx(nbytes / 2 / 50e9)
+    with pytest.raises(ValueError):
+        perf.kv_transfer_time(1, bandwidth_gbps=0)
