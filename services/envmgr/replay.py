@@ -74,7 +74,8 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
             # The prediction runs during the tool call so that its latency hides behind it.
             pred = asyncio.create_task(_predict(ctx, work, k, call.input_len + res.output_len, generated))
             await ctx.clock.sleep(tool_s)
-            priority = await _await_prediction(ctx, work, k, pred, priority)
+            context = call.input_len + res.output_len
+            priority = await _await_prediction(ctx, work, k, pred, priority, context, generated)
         steps.append(
             Step(
                 index=k,
@@ -114,7 +115,13 @@ async def _predict(
 
 
 async def _await_prediction(
-    ctx: LoopContext, work: TrajWork, step: int, pred: asyncio.Task[Prediction], priority: float
+    ctx: LoopContext,
+    work: TrajWork,
+    step: int,
+    pred: asyncio.Task[Prediction],
+    priority: float,
+    context_len: int,
+    generated: int,
 ) -> float:
     try:
         p = await asyncio.wait_for(pred, ctx.predict_timeout_s)
@@ -126,6 +133,14 @@ async def _await_prediction(
         log.debug("no prediction for %s step %d: %s", work.traj_id, step, e)
         return priority
     # Longest predicted remaining work first (Heddle's progressive priority): priority = remaining tokens.
-    upd = PriorityUpdate(work.job_id, work.traj_id, p.remaining_tokens, p.remaining_tokens, step)
+    upd = PriorityUpdate(
+        work.job_id,
+        work.traj_id,
+        p.remaining_tokens,
+        p.remaining_tokens,
+        step,
+        context_len=context_len,
+        generated_tokens=generated,
+    )
     await ctx.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
     return p.remaining_tokens

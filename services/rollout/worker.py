@@ -24,6 +24,8 @@ from loom.protocol import (
     GenKeepalive,
     GenRequest,
     GenResult,
+    WarmDone,
+    WarmPrefix,
     WorkerDone,
     WorkerInfo,
     WorkerLoad,
@@ -61,6 +63,7 @@ class RolloutWorker:
         self.m_latency = m.histogram("request_seconds", "Engine time per request (simulated)")
         self.m_running = m.gauge("running", "Sequences in the engine batch")
         self.m_waiting = m.gauge("waiting", "Requests queued in the engine")
+        self.m_warmed = m.counter("warmed_tokens_total", "Prefix tokens loaded for migrated trajectories")
 
     def info(self) -> WorkerInfo:
         e = self.engine.info
@@ -91,6 +94,7 @@ class RolloutWorker:
         await self.kv.put(self.id, encode(self.info()))
         gen_sub = await rt.subscribe(subjects.worker_gen(self.id), GenRequest, self.on_gen)
         await rt.subscribe(subjects.worker_abort(self.id), AbortRequest, self.on_abort)
+        await rt.subscribe(subjects.worker_warm(self.id), WarmPrefix, self.on_warm)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._every(self.settings.heartbeat_s, self._heartbeat))
@@ -211,7 +215,19 @@ class RolloutWorker:
             self.inflight.pop(req.rid, None)
         for inbox in inf.waiters:
             await self.rt.nc.publish(inbox, encode(reply))
-        await self.rt.nc.publish(subjects.worker_done(self.id), encode(WorkerDone(self.id, req.rid)))
+        done = WorkerDone(self.id, req.rid)
+        if isinstance(reply, GenResult):
+            done = WorkerDone(
+                self.id, req.rid, reply.output_len, reply.prefill_s + reply.decode_s, reply.queue_s
+            )
+        await self.rt.nc.publish(subjects.worker_done(self.id), encode(done))
+
+    async def on_warm(self, w: WarmPrefix, _msg: Msg) -> WarmDone:
+        """Migration target: load the trajectory's prefix now, while its tool call runs."""
+        key = f"{w.job_id}.{w.traj_id}"
+        await self.engine.warm_prefix(key, w.input_len)
+        self.m_warmed.inc(w.input_len)
+        return WarmDone(self.id, key, w.input_len)
 
     async def on_abort(self, a: AbortRequest, _msg: Msg) -> None:
         for rid, inf in list(self.inflight.items()):

@@ -17,21 +17,29 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from loom.bus import kv_key
-from loom.policies.ordering import RequestMeta
+from loom.bus import kv_key, request
+from loom.policies.migration import MigrationPlanner, Move, schedule_transfers
+from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.queueing import AdmissionQueue
+from loom.policies.queueing import WorkerQueue
+from loom.policies.routing import RouterView, RoutingPolicy, make_routing
 from loom.protocol import (
+    PLAN_KEY,
+    PRESETS,
     AbortRequest,
     CancelJob,
     DecodeError,
     GenAccepted,
     GenKeepalive,
     GenRequest,
+    Job,
     Placement,
     PriorityUpdate,
+    ResolvedPolicy,
     TrajDone,
     TrajMeta,
+    WarmDone,
+    WarmPrefix,
     WorkerDone,
     WorkerInfo,
     WorkerLoad,
@@ -54,19 +62,35 @@ class Queued:
     enqueued_at: float
 
 
+@dataclass
+class JobRouting:
+    """Everything the router keeps per job: its policies and their state."""
+
+    policy: ResolvedPolicy
+    order: OrderPolicy
+    routing: RoutingPolicy | None = None
+    planner: MigrationPlanner | None = None
+
+
 class Router:
     def __init__(self, rt: Runtime, settings: RouterSettings) -> None:
         self.rt = rt
         self.settings = settings
         self.placement: dict[str, str] = {}  # "<job>.<traj>" -> worker
         self.priorities: dict[str, float] = {}
-        self.workers: dict[str, WorkerInfo] = {}
-        self.queues: dict[str, AdmissionQueue[Queued]] = defaultdict(AdmissionQueue)
         self.first_seen: dict[str, float] = {}  # trajectory -> arrival of its first request
+        # trajectory -> (tokens generated, engine seconds, seconds waited) over its finished calls
+        self.served: dict[str, tuple[float, float, float]] = {}
+        self.jobs: dict[str, JobRouting] = {}
+        self.workers: dict[str, WorkerInfo] = {}
+        self.queues: dict[str, WorkerQueue[Queued]] = defaultdict(WorkerQueue)
         self.forwarded: dict[str, dict[str, float]] = defaultdict(dict)  # worker -> rid -> wall time
         self.rid_worker: dict[str, str] = {}
         self.rid_req: dict[str, GenRequest] = {}
         self.rr = RoundRobinPlacement()
+        self.pending_moves: dict[str, tuple[Move, int]] = {}  # traj -> (move, context to warm)
+        self.busy: set[str] = set()  # workers sending or receiving a transfer now
+        self.transfers: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         m = rt.metrics
         self.m_requests = m.counter("requests_total", "Generation requests received")
@@ -74,11 +98,14 @@ class Router:
         self.m_queue_wait = m.histogram("queue_wait_seconds", "Time queued in the router (wall)")
         self.m_queued = m.gauge("queued", "Requests waiting in the router", ["worker"])
         self.m_migrations = m.counter("reassignments_total", "Trajectories moved off a dead worker")
+        self.m_moves = m.counter("migrations_total", "Trajectories migrated after a prediction update")
+        self.m_warm = m.histogram("warm_seconds", "Time to warm a migration target's prefix (wall)")
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, rt: Runtime) -> None:
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
+        self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
         self.kv_workers = await rt.js.key_value(subjects.KV_WORKERS)
         self.workers = await read_workers(self.kv_workers)
         await rt.subscribe(subjects.GEN_REQUEST, GenRequest, self.on_gen, queue=subjects.QUEUE_GROUP)
@@ -89,12 +116,17 @@ class Router:
         await rt.subscribe(subjects.WORKER_DONE_ALL, WorkerDone, self.on_done)
         await rt.subscribe(subjects.TELEMETRY_WORKERS, WorkerLoad, self.on_load)
         await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_traj_done)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._dispatch_forever())
-            tg.create_task(self._keepalive_forever())
-            tg.create_task(self._registry_forever())
-            await rt.stopping.wait()
-            self.wake.set()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._dispatch_forever())
+                tg.create_task(self._keepalive_forever())
+                tg.create_task(self._registry_forever())
+                await rt.stopping.wait()
+                self.wake.set()
+        finally:
+            for t in self.transfers:
+                t.cancel()
+            await asyncio.gather(*self.transfers, return_exceptions=True)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -102,7 +134,46 @@ class Router:
             "queued": {w: len(q) for w, q in self.queues.items() if len(q)},
             "forwarded": {w: len(f) for w, f in self.forwarded.items() if f},
             "trajectories": len(self.placement),
+            "migrations_pending": len(self.pending_moves),
         }
+
+    # ------------------------------------------------------------------ per-job policies
+
+    async def _job(self, job_id: str) -> JobRouting:
+        jr = self.jobs.get(job_id)
+        if jr is not None:
+            return jr
+        policy = PRESETS["round_robin"]  # requests of a job the scheduler never stored
+        try:
+            entry = await self.kv_jobs.get(job_id)
+            if entry.value:
+                policy = decode(entry.value, Job).spec.policy.resolved()
+        except (KeyNotFoundError, DecodeError):
+            pass
+        jr = self.jobs.get(job_id)  # another request may have won the race while we awaited
+        if jr is None:
+            jr = self.jobs[job_id] = JobRouting(policy, make_order(policy.order))
+            if not policy.static:
+                jr.routing = make_routing(policy.placement, sorted(self.workers), seed=hash(job_id) & 0xFFFF)
+            if policy.migration:
+                await self._load_plan(job_id, jr)
+        return jr
+
+    async def _load_plan(self, job_id: str, jr: JobRouting) -> None:
+        """A restarted router picks the migration plan up from KV."""
+        try:
+            entry = await self.kv_traj.get(kv_key(job_id, PLAN_KEY))
+        except KeyNotFoundError:
+            return
+        if entry.value:
+            self._plan(jr, decode(entry.value, Placement))
+
+    def _plan(self, jr: JobRouting, p: Placement) -> None:
+        if not (jr.policy.migration and p.groups):
+            return
+        jr.planner = MigrationPlanner(p.groups, p.sizes)
+        for traj, w in p.assignments.items():
+            jr.planner.add(kv_key(p.job_id, traj), p.predicted.get(traj, 0.0), w)
 
     # ------------------------------------------------------------------ requests
 
@@ -122,9 +193,12 @@ class Router:
             self._forget(req.rid)
         if any(req.rid in q for q in self.queues.values()):
             return
-        worker = await self._worker_for(req)
+        jr = await self._job(req.job_id)
+        worker = await self._route(req, jr)
+        meta = self._meta(req)
+        req.priority = jr.order.engine_priority(meta)
         self.rid_req[req.rid] = req
-        self.queues[worker].push(req.rid, Queued(req, time.time()), self._meta(req))
+        self.queues[worker].push(req.job_id, req.rid, Queued(req, time.time()), meta, jr.order)
         self.wake.set()
 
     def _meta(self, req: GenRequest) -> RequestMeta:
@@ -132,7 +206,26 @@ class Router:
         now = time.time()
         first = self.first_seen.setdefault(key, now)
         prio = self.priorities.get(key, req.priority)
-        return RequestMeta(traj=key, step=req.step, priority=prio, traj_arrival=first, arrival=now)
+        done = self.served.get(key, (0.0, 0.0, 0.0))
+        return RequestMeta(
+            traj=key,
+            step=req.step,
+            priority=prio,
+            traj_arrival=first,
+            arrival=now,
+            attained=done[0],
+            attained_s=done[1],
+            waited=done[2],
+        )
+
+    async def _route(self, req: GenRequest, jr: JobRouting) -> str:
+        if jr.routing is None or not self.workers:
+            return await self._worker_for(req)
+        key = kv_key(req.job_id, req.traj_id)
+        view = RouterView(sorted(self.workers), self._load())
+        w = jr.routing.choose(key, req.input_len, view)
+        self.placement[key] = w
+        return w
 
     async def _worker_for(self, req: GenRequest) -> str:
         key = kv_key(req.job_id, req.traj_id)
@@ -184,7 +277,9 @@ class Router:
         if self.workers and len(self.queues[UNASSIGNED]):
             while (item := self.queues[UNASSIGNED].pop()) is not None:
                 rid, queued = item
-                self.queues[await self._worker_for(queued.req)].push(rid, queued, self._meta(queued.req))
+                jr = await self._job(queued.req.job_id)
+                worker = await self._route(queued.req, jr)
+                self.queues[worker].push(queued.req.job_id, rid, queued, self._meta(queued.req), jr.order)
         for w, info in list(self.workers.items()):
             queue = self.queues[w]
             room = info.max_running + self.settings.overcommit - len(self.forwarded[w])
@@ -198,15 +293,31 @@ class Router:
 
     async def _keepalive_forever(self) -> None:
         while not self.rt.stopping.is_set():
+            self._age_orders()
             for q in list(self.queues.values()):
                 for rid, item in q.items():
                     ka = GenKeepalive(rid, self.rt.instance, "queued")
                     await self.rt.nc.publish(item.req.reply_to, encode(ka))
             await self.rt.wait_stop(self.settings.keepalive_s)
 
+    def _age_orders(self) -> None:
+        """Orders whose keys depend on waiting time (Autellix's anti-starvation) are re-keyed as time passes."""
+        now = time.time()
+        aging = {j for j, jr in self.jobs.items() if hasattr(jr.order, "now")}
+        for j in aging:
+            self.jobs[j].order.now = now  # type: ignore[attr-defined]
+        for wq in self.queues.values():
+            for j in aging & set(wq.jobs):
+                wq.jobs[j].rekey_all()
+
     # ------------------------------------------------------------------ workers
 
     async def on_done(self, done: WorkerDone, _msg: Msg) -> None:
+        req = self.rid_req.get(done.rid)
+        if req is not None:
+            key = kv_key(req.job_id, req.traj_id)
+            tok, sec, wait = self.served.get(key, (0.0, 0.0, 0.0))
+            self.served[key] = (tok + done.output_len, sec + done.engine_s, wait + done.queue_s)
         self._forget(done.rid)
         self.wake.set()
 
@@ -234,7 +345,9 @@ class Router:
                 log.warning("worker %s is gone; requeueing its %d queued requests", w, len(self.queues[w]))
                 for rid, q in self.queues[w].items():
                     self.queues[w].remove(rid)
-                    self.queues[UNASSIGNED].push(rid, q, self._meta(q.req))
+                    self.placement.pop(kv_key(q.req.job_id, q.req.traj_id), None)
+                    jr = await self._job(q.req.job_id)
+                    self.queues[UNASSIGNED].push(q.req.job_id, rid, q, self._meta(q.req), jr.order)
                 for rid in list(self.forwarded[w]):
                     self._forget(rid)
             if gone or workers:
@@ -253,10 +366,10 @@ class Router:
     async def on_abort(self, a: AbortRequest, _msg: Msg) -> None:
         if a.rid is None and a.job_id is None and a.traj_id is None:
             return
-        for q in self.queues.values():
-            for rid, item in q.items():
+        for wq in self.queues.values():
+            for rid, item in wq.items():
                 if self._matches(item.req, a):
-                    q.remove(rid)
+                    wq.remove(rid)
                     self.rid_req.pop(rid, None)
         targets = {
             self.rid_worker[r]
@@ -272,19 +385,77 @@ class Router:
         await self.on_abort(AbortRequest(job_id=c.job_id), msg)
         for key in [k for k in self.placement if k.startswith(c.job_id + ".")]:
             del self.placement[key]
+        for key in [k for k in self.pending_moves if k.startswith(c.job_id + ".")]:
+            del self.pending_moves[key]
+        self.jobs.pop(c.job_id, None)
 
     async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
         key = kv_key(p.job_id, p.traj_id)
         self.priorities[key] = p.priority
-        for q in self.queues.values():
-            q.reprioritize(key, p.priority)
+        for wq in self.queues.values():
+            wq.reprioritize(p.job_id, key, p.priority)
+        jr = await self._job(p.job_id)
+        if jr.planner is None or key not in jr.planner.where:
+            return
+        total = p.generated_tokens + (
+            p.predicted_remaining if p.predicted_remaining is not None else p.priority
+        )
+        move = jr.planner.update(key, total)
+        if move is not None and move.dst in self.workers:
+            self.pending_moves[key] = (move, p.context_len)
+            await self._start_transfers()
+
+    async def _start_transfers(self) -> None:
+        """Heddle's transmission scheduler: longest trajectories first, no endpoint used twice at once."""
+        for mv in schedule_transfers([m for m, _ in self.pending_moves.values()], self.busy):
+            _, context = self.pending_moves.pop(mv.traj)
+            job_id, traj_id = mv.traj.split(".", 1)
+            jr = self.jobs.get(job_id)
+            if jr is None or jr.planner is None:
+                continue
+            # The trajectory's next step goes to the target from now on; the warm-up races its tool call.
+            self.placement[mv.traj] = mv.dst
+            jr.planner.moved(mv.traj, mv.dst)
+            meta = TrajMeta(job_id=job_id, traj_id=traj_id, worker_id=mv.dst, state="running")
+            await self.kv_traj.put(mv.traj, encode(meta))
+            self.m_moves.inc()
+            log.info("migrating %s from %s to %s (predicted %.0f tokens)", mv.traj, mv.src, mv.dst, mv.length)
+            self.busy.update((mv.src, mv.dst))
+            t = asyncio.create_task(self._warm(mv, job_id, traj_id, context))
+            self.transfers.add(t)
+            t.add_done_callback(self.transfers.discard)
+
+    async def _warm(self, mv: Move, job_id: str, traj_id: str, context: int) -> None:
+        t0 = time.time()
+        try:
+            if context > 0:
+                warm = WarmPrefix(job_id, traj_id, context, source=mv.src)
+                await request(self.rt.nc, subjects.worker_warm(mv.dst), warm, WarmDone, timeout_s=120)
+        except Exception as e:
+            log.warning("warming %s on %s failed: %s", mv.traj, mv.dst, e)
+        finally:
+            self.m_warm.observe(time.time() - t0)
+            self.busy.difference_update((mv.src, mv.dst))
+            if self.pending_moves:
+                await self._start_transfers()
 
     async def on_placement(self, p: Placement, _msg: Msg) -> None:
         for traj, w in p.assignments.items():
             self.placement[kv_key(p.job_id, traj)] = w
+        jr = await self._job(p.job_id)
+        if jr.planner is None:
+            self._plan(jr, p)
 
     async def on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
         key = kv_key(ev.job_id, ev.traj_id)
         self.placement.pop(key, None)
         self.priorities.pop(key, None)
         self.first_seen.pop(key, None)
+        self.served.pop(key, None)
+        self.pending_moves.pop(key, None)
+        jr = self.jobs.get(ev.job_id)
+        if jr is not None:
+            if jr.planner is not None:
+                jr.planner.finish(key)
+            if jr.routing is not None:
+                jr.routing.forget(key)

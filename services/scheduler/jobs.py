@@ -20,12 +20,12 @@ from loom import results
 from loom.bus import kv_key
 from loom.policies.placement import RoundRobinPlacement
 from loom.protocol import (
+    PLAN_KEY,
     TERMINAL_JOB_STATES,
     AbortRequest,
     CancelJob,
     Job,
     JobSpec,
-    Placement,
     TrajDone,
     TrajMeta,
     decode,
@@ -34,6 +34,7 @@ from loom.protocol import (
 )
 from loom.service import Runtime
 from loom.workers import read_workers
+from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import expand, resolve_tasks
 
@@ -130,11 +131,18 @@ class JobManager:
                 log.info("job %s waits for rollout workers", job.id)
                 return
             works = expand(job.id, job.spec)
-            plan = self.placement.place([w.traj_id for w in works], list(workers))
+            placement = await plan(self.rt, job, works, workers, self.placement)
             for w in works:
-                meta = TrajMeta(job_id=job.id, traj_id=w.traj_id, worker_id=plan[w.traj_id])
+                meta = TrajMeta(
+                    job_id=job.id,
+                    traj_id=w.traj_id,
+                    worker_id=placement.assignments.get(w.traj_id),
+                    predicted_remaining=placement.predicted.get(w.traj_id),
+                )
                 await self.kv_traj.put(kv_key(job.id, w.traj_id), encode(meta))
-            await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(Placement(job.id, plan)))
+            # Stored for a restarted router, then announced.
+            await self.kv_traj.put(kv_key(job.id, PLAN_KEY), encode(placement))
+            await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(placement))
             for w in works:
                 # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
                 await self.rt.js.publish(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loom.protocol import JobSpec, TaskSpec, TrajWork
-from loom.traces import TraceError, load_traces
+from loom.traces import Trace, TraceError, load_traces
 
 
 class SpecError(ValueError):
@@ -33,14 +33,19 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
             raise SpecError(
                 ["dataset", "offset"], f"offset {spec.dataset.offset} is past the {len(traces)} traces"
             )
-        return [TaskSpec(id=i, data={"trace_id": i, "traces_path": path}) for i in ids]
+        return [TaskSpec(id=i, data=_replay_data(traces[i], path)) for i in ids]
     out = []
     for n, t in enumerate(spec.tasks):
         tid = t.data.get("trace_id", t.id)
         if not isinstance(tid, str) or tid not in traces:
             raise SpecError(["tasks", n, "data", "trace_id"], f"unknown trace id {tid!r}")
-        out.append(TaskSpec(id=t.id, data={**t.data, "trace_id": tid, "traces_path": path}))
+        out.append(TaskSpec(id=t.id, data={**t.data, **_replay_data(traces[tid], path)}))
     return out
+
+
+def _replay_data(trace: Trace, path: str | None) -> dict[str, object]:
+    # The first prompt's length is what a prompt-only prediction sees.
+    return {"trace_id": trace.id, "traces_path": path, "prompt_tokens": trace.steps[0].prompt_tokens}
 
 
 def traj_id(group: int, sample: int) -> str:

@@ -3,55 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from nats.aio.client import Client as NATS
 
 from loom.bus import BusError, kv_key, request
-from loom.engine.sim import SimEngine
 from loom.genclient import GenClient, GenFailed
 from loom.protocol import AbortRequest, DeadLetter, GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
-from loom.service import Runtime
-from services.rollout.settings import RolloutSettings
-from services.rollout.worker import RolloutWorker
-from services.router.router import Router
-from services.router.settings import RouterSettings
 from tests.conftest import Services
-
-SPEED = 200.0
-
-
-async def _worker(services: Services, wid: str) -> RolloutWorker:
-    holder: list[RolloutWorker] = []
-
-    def build(rt: Runtime) -> RolloutWorker:
-        w = RolloutWorker(rt, RolloutSettings(worker_id=wid), SimEngine(clock=rt.clock, max_running=64))
-        holder.append(w)
-        return w
-
-    await services.start(wid, "rollout", RolloutSettings(worker_id=wid, speed=SPEED, keepalive_s=0.2), build)
-    return holder[0]
-
-
-async def _router(services: Services, key: str = "router") -> Router:
-    holder: list[Router] = []
-
-    def build(rt: Runtime) -> Router:
-        r = Router(rt, RouterSettings(registry_s=0.2))
-        holder.append(r)
-        return r
-
-    await services.start(key, "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build)
-    return holder[0]
-
-
-async def _until(cond: Callable[[], bool], within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.05)):
-        if cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
+from tests.integration.helpers import start_router, start_worker, until
 
 
 async def _place(nc: NATS, job: str, traj: str, worker: str) -> None:
@@ -66,10 +26,10 @@ def _req(rid: str, traj: str = "t0", n: int = 200) -> GenRequest:
 
 
 async def test_requests_run_on_their_planned_worker(nc: NATS, services: Services) -> None:
-    await _worker(services, "w0")
-    await _worker(services, "w1")
-    router = await _router(services)
-    await _until(lambda: set(router.workers) == {"w0", "w1"})
+    await start_worker(services, "w0")
+    await start_worker(services, "w1")
+    router = await start_router(services)
+    await until(lambda: set(router.workers) == {"w0", "w1"})
     await _place(nc, "job-1", "ta", "w1")
     await _place(nc, "job-1", "tb", "w0")
     client = GenClient(nc, lease_s=1.0)
@@ -83,8 +43,8 @@ async def test_requests_run_on_their_planned_worker(nc: NATS, services: Services
 
 
 async def test_resent_request_is_generated_once(nc: NATS, services: Services) -> None:
-    worker = await _worker(services, "w0")
-    await _router(services)
+    worker = await start_worker(services, "w0")
+    await start_router(services)
     client = GenClient(nc, lease_s=1.0)
     first, second = await asyncio.gather(
         client.generate(_req("dup.0", n=400)), client.generate(_req("dup.0", n=400))
@@ -96,59 +56,59 @@ async def test_resent_request_is_generated_once(nc: NATS, services: Services) ->
 
 
 async def test_router_crash_mid_request_loses_nothing(nc: NATS, services: Services) -> None:
-    worker = await _worker(services, "w0")
-    await _router(services)
+    worker = await start_worker(services, "w0")
+    await start_router(services)
     client = GenClient(nc, lease_s=0.5)
     # Long requests: 4000 tokens take seconds even sped up, so the crash lands mid-generation.
     calls = [asyncio.create_task(client.generate(_req(f"r{i}.0", f"t{i}", n=4000))) for i in range(6)]
-    await _until(lambda: len(worker.inflight) == 6)
+    await until(lambda: len(worker.inflight) == 6)
     await services.crash("router")
     await asyncio.sleep(0.5)
-    await _router(services, "router2")
+    await start_router(services, "router2")
     done = await asyncio.wait_for(asyncio.gather(*calls), 60)
     assert all(r.output_len == 4000 for r in done)
     assert worker.engine.load().generated_tokens == 6 * 4000  # nothing generated twice
 
 
 async def test_requests_wait_for_a_worker_and_survive_its_absence(nc: NATS, services: Services) -> None:
-    router = await _router(services)
+    router = await start_router(services)
     client = GenClient(nc, lease_s=0.5)
     call = asyncio.create_task(client.generate(_req("late.0")))
     await asyncio.sleep(1.0)
     assert not call.done() and len(router.queues[""]) == 1  # kept alive by router keepalives
-    await _worker(services, "w3")
+    await start_worker(services, "w3")
     assert (await asyncio.wait_for(call, 20)).worker_id == "w3"
 
 
 async def test_abort_frees_the_engine(nc: NATS, services: Services) -> None:
-    worker = await _worker(services, "w0")
-    await _router(services)
+    worker = await start_worker(services, "w0")
+    await start_router(services)
     client = GenClient(nc, lease_s=1.0)
     call = asyncio.create_task(client.generate(_req("long.0", n=100_000)))
-    await _until(lambda: worker.engine.load().running == 1)
+    await until(lambda: worker.engine.load().running == 1)
     call.cancel()  # the client aborts downstream on cancellation
     with pytest.raises(asyncio.CancelledError):
         await call
-    await _until(lambda: worker.engine.load().running == 0 and not worker.inflight)
+    await until(lambda: worker.engine.load().running == 0 and not worker.inflight)
     # Job-level abort reaches requests the router has forwarded.
     calls = [asyncio.create_task(client.generate(_req(f"j{i}.0", f"t{i}", n=100_000))) for i in range(3)]
-    await _until(lambda: worker.engine.load().running == 3)
+    await until(lambda: worker.engine.load().running == 3)
     await nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id="job-1")))
     outs = await asyncio.wait_for(asyncio.gather(*calls), 10)
     assert {o.finish_reason for o in outs} == {"abort"}
 
 
 async def test_a_request_the_engine_cannot_hold_fails_fast(nc: NATS, services: Services) -> None:
-    worker = await _worker(services, "w0")
-    await _router(services)
+    worker = await start_worker(services, "w0")
+    await start_router(services)
     too_big = worker.engine.info.kv_capacity_tokens + 1
     with pytest.raises(GenFailed, match="invalid_request"):
         await asyncio.wait_for(GenClient(nc, lease_s=1.0).generate(_req("huge.0", n=too_big)), 10)
 
 
 async def test_malformed_messages_get_errors_and_dead_letters(nc: NATS, services: Services) -> None:
-    await _worker(services, "w0")
-    await _router(services)
+    await start_worker(services, "w0")
+    await start_router(services)
     with pytest.raises(BusError, match="bad_request"):
         await request(nc, subjects.GEN_REQUEST, {"rid": 5}, GenRequest, timeout_s=2)
     reply = await nc.request(subjects.GEN_REQUEST, b"\xc1 not msgpack", timeout=2)

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from loom.policies.ordering import Fcfs, Pps, RequestMeta, RoundRobin, preemption_victim
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.queueing import AdmissionQueue
+from loom.policies.queueing import AdmissionQueue, WorkerQueue
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.floats(-10, 10)), max_size=60), st.data())
@@ -76,3 +76,16 @@ def test_preemption_follows_algorithm_1() -> None:
     assert preemption_victim(60.0, running) == "r2"
     assert preemption_victim(5.0, running) is None  # ties do not preempt
     assert preemption_victim(1e9, []) is None
+
+
+def test_worker_queue_serves_jobs_round_robin_each_in_its_own_order() -> None:
+    q: WorkerQueue[None] = WorkerQueue()
+    for i in range(3):
+        q.push("big", f"big{i}", None, _meta(f"b{i}", 0, float(i), float(i), float(i)), Pps())
+    q.push("small", "small0", None, _meta("s0", 0, 0.0, 9.0, 9.0), Fcfs())
+    out = []
+    while (item := q.pop()) is not None:
+        out.append(item[0])
+    assert out == ["big2", "small0", "big1", "big0"]  # alternating jobs; "big" longest first
+    q.push("a", "x", None, _meta("x", 0, 1, 0, 0), Pps())
+    assert "x" in q and q.remove("x") is None and "x" not in q and len(q) == 0

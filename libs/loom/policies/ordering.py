@@ -36,8 +36,17 @@ class OrderPolicy(Protocol):
 
     def key(self, m: RequestMeta) -> tuple[Any, ...]: ...
 
+    def engine_priority(self, m: RequestMeta) -> float:
+        """The priority handed to the engine (larger first); 0 where the engine should not reorder."""
+        ...
 
-class Fcfs:
+
+class _NoEnginePriority:
+    def engine_priority(self, m: RequestMeta) -> float:
+        return 0.0
+
+
+class Fcfs(_NoEnginePriority):
     name = "fcfs"
     preemptive = False
 
@@ -45,7 +54,7 @@ class Fcfs:
         return (m.traj_arrival, m.step, m.seq)
 
 
-class RoundRobin:
+class RoundRobin(_NoEnginePriority):
     name = "rr"
     preemptive = False
 
@@ -59,6 +68,9 @@ class Pps:
 
     def key(self, m: RequestMeta) -> tuple[Any, ...]:
         return (-m.priority, m.traj_arrival, m.seq)
+
+    def engine_priority(self, m: RequestMeta) -> float:
+        return m.priority
 
 
 def preemption_victim(waiting_priority: float, running: Sequence[tuple[str, float]]) -> str | None:

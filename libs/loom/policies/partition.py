@@ -19,6 +19,7 @@ Two exact solvers of the same problem (groups may be empty: workers may idle):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class Partition:
     bounds: list[tuple[int, int]]  # per worker (in the caller's worker order): [start, end) into ``order``
     group_times: list[float]  # per worker, same order
     makespan: float
+    group_order: list[int]  # worker indices from the longest group to the shortest (fastest first)
 
     def assignment(self) -> NDArray[np.int64]:
         """worker index for every trajectory (input order)."""
@@ -97,7 +99,13 @@ def presorted_dp(
         if e > s:
             prof = workers[w]
             times[w] = float(sorted_lens[s] * prof.per_token_s * prof.factor(np.array([e - s]))[0])
-    return Partition(order=order, bounds=bounds, group_times=times, makespan=max(times) if times else 0.0)
+    return Partition(
+        order=order,
+        bounds=bounds,
+        group_times=times,
+        makespan=max(times) if times else 0.0,
+        group_order=wsort,
+    )
 
 
 def _aggregate(
@@ -179,52 +187,60 @@ def _tables(workers: Sequence[WorkerProfile], total: int) -> list[NDArray[np.flo
     return out
 
 
+# Targets probed at once: each round narrows the bracket around the optimum by this factor (in log space).
+PROBES = 256
+
+
 def _solve_parametric(
     heads: NDArray[np.float64], counts: NDArray[np.int64], workers: Sequence[WorkerProfile]
 ) -> list[tuple[int, int]]:
-    n = len(heads)
+    n, m = len(heads), len(workers)
+    if n == 0:
+        return [(0, 0)] * m
     csum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     tables = _tables(workers, int(csum[-1]))
-    speeds = [p.per_token_s for p in workers]
+    speeds = np.array([p.per_token_s for p in workers])
+    head = np.concatenate([heads, [0.0]])
 
-    def fill(target: float) -> list[tuple[int, int]] | None:
-        cuts = []
-        start = 0
-        for f, t in zip(tables, speeds, strict=True):
-            if start == n:
-                cuts.append((n, n))
-                continue
-            unit = heads[start] * t
-            size = int(np.searchsorted(f, target / unit, side="right")) - 1 if unit > 0 else len(f) - 1
-            end = int(np.searchsorted(csum, csum[start] + size, side="right")) - 1
-            cuts.append((start, end))
-            start = end
-        return cuts if start == n else None
+    def fill(targets: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Greedy fill for every target at once: group starts (m+1, K) and the makespans (inf where the
+        trajectories did not all fit)."""
+        k = len(targets)
+        starts = np.zeros((m + 1, k), dtype=np.int64)
+        span = np.zeros(k)
+        for j in range(m):
+            start = starts[j]
+            unit = head[start] * speeds[j]
+            with np.errstate(divide="ignore"):
+                limit = np.where(unit > 0, targets / unit, np.inf)
+            size = np.searchsorted(tables[j], limit, side="right") - 1
+            end = np.searchsorted(csum, csum[start] + size, side="right") - 1
+            end = np.maximum(end, start)
+            starts[j + 1] = end
+            grouped = csum[end] - csum[start]
+            span = np.maximum(span, np.where(grouped > 0, unit * tables[j][grouped], 0.0))
+        return starts, np.where(starts[m] == n, span, np.inf)
 
-    def span(cuts: list[tuple[int, int]]) -> float:
-        return max(
-            (
-                heads[a] * t * f[csum[b] - csum[a]]
-                for (a, b), f, t in zip(cuts, tables, speeds, strict=True)
-                if b > a
-            ),
-            default=0.0,
-        )
-
-    if n == 0:
-        return [(0, 0)] * len(workers)
-    best = fill(np.inf)
-    assert best is not None
-    hi = span(best)
-    lo = heads[0] * min(speeds)  # the longest trajectory alone on the fastest worker (F(1) = 1)
-    first = fill(lo)
-    if first is not None:
-        return first
+    lo = float(heads[0] * speeds.min())  # the longest trajectory alone on the fastest worker (F(1) = 1)
+    starts, spans = fill(np.array([lo, np.inf]))
+    if np.isfinite(spans[0]):
+        return _cuts(starts[:, 0])
+    best, hi = starts[:, 1], float(spans[1])
     while hi > lo * (1 + 1e-12):
-        mid = (lo * hi) ** 0.5 if lo > 0 else hi / 2
-        cuts = fill(mid)
-        if cuts is None:
-            lo = mid
-        else:
-            best, hi = cuts, span(cuts)
-    return best
+        targets = np.geomspace(lo, hi, PROBES + 2)[1:-1]
+        starts, spans = fill(targets)
+        ok = np.isfinite(spans)
+        if ok.any():
+            i = int(np.argmin(np.where(ok, spans, np.inf)))
+            if spans[i] < hi:
+                best, hi = starts[:, i], float(spans[i])
+        failed = targets[~ok]
+        if failed.size:
+            lo = max(lo, float(failed.max()))
+        if not failed.size and not ok.any():
+            break
+    return _cuts(best)
+
+
+def _cuts(starts: NDArray[np.int64]) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in itertools.pairwise(starts)]

@@ -90,3 +90,55 @@ class AdmissionQueue(Generic[T]):
 
     def ordered(self) -> list[str]:
         return [e.rid for e in sorted(self._live.values())]
+
+
+class WorkerQueue(Generic[T]):
+    """A worker's waiting requests across jobs: each job's requests in its own order, jobs served round
+    robin so that one job's policy (or size) never starves another's."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, AdmissionQueue[T]] = {}
+        self._job_of: dict[str, str] = {}
+        self._turn = 0
+
+    def push(self, job: str, rid: str, item: T, meta: RequestMeta, policy: OrderPolicy) -> None:
+        q = self.jobs.get(job)
+        if q is None:
+            q = self.jobs[job] = AdmissionQueue(policy)
+        q.push(rid, item, meta)
+        self._job_of[rid] = job
+
+    def pop(self) -> tuple[str, T] | None:
+        live = [j for j, q in self.jobs.items() if len(q)]
+        if not live:
+            return None
+        job = live[self._turn % len(live)]
+        self._turn += 1
+        out = self.jobs[job].pop()
+        if out is not None:
+            self._job_of.pop(out[0], None)
+        return out
+
+    def remove(self, rid: str) -> T | None:
+        job = self._job_of.pop(rid, None)
+        return None if job is None else self.jobs[job].remove(rid)
+
+    def reprioritize(self, job: str, traj: str, priority: float) -> int:
+        q = self.jobs.get(job)
+        return 0 if q is None else q.reprioritize(traj, priority)
+
+    def drop_job(self, job: str) -> list[tuple[str, T]]:
+        q = self.jobs.pop(job, None)
+        items = q.items() if q is not None else []
+        for rid, _ in items:
+            self._job_of.pop(rid, None)
+        return items
+
+    def items(self) -> list[tuple[str, T]]:
+        return [it for q in self.jobs.values() for it in q.items()]
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._job_of
+
+    def __len__(self) -> int:
+        return len(self._job_of)

@@ -39,9 +39,58 @@ class ToolLatency(Struct, forbid_unknown_fields=True):
     sigma: Annotated[float, Meta(ge=0.0, le=4.0)] = 0.8
 
 
+Preset = Literal["heddle", "verl", "verl_star", "slime", "sglang", "round_robin"]
+Order = Literal["fcfs", "rr", "pps", "autellix"]
+PlacementKind = Literal["presorted_dp", "round_robin", "verl", "verl_star", "slime", "sglang_cache_aware"]
+ResourceKind = Literal["adaptive", "fixed"]
+
+
 class PolicySpec(Struct, forbid_unknown_fields=True):
-    placement: Literal["round_robin"] = "round_robin"
-    order: Literal["fcfs"] = "fcfs"
+    """A named system's policies, each part overridable (e.g. ``{"preset": "heddle", "order": "fcfs"}``).
+
+    when (queue order), where (placement and migration), how (model-parallel resources; used where Loom
+    sizes the workers, i.e. the benchmark harness; live workers are given)."""
+
+    preset: Preset = "heddle"
+    order: Order | None = None
+    placement: PlacementKind | None = None
+    migration: bool | None = None
+    resources: ResourceKind | None = None
+    fixed_mp: Annotated[int, Meta(ge=1, le=64)] = 1
+
+    def resolved(self) -> ResolvedPolicy:
+        base = PRESETS[self.preset]
+        return ResolvedPolicy(
+            order=self.order or base.order,
+            placement=self.placement or base.placement,
+            migration=base.migration if self.migration is None else self.migration,
+            resources=self.resources or base.resources,
+            fixed_mp=self.fixed_mp,
+        )
+
+
+class ResolvedPolicy(Struct, frozen=True):
+    order: Order
+    placement: PlacementKind
+    migration: bool
+    resources: ResourceKind
+    fixed_mp: int = 1
+
+    @property
+    def static(self) -> bool:
+        """Placement planned by the scheduler up front (vs chosen by the router per request)."""
+        return self.placement in ("presorted_dp", "round_robin")
+
+
+# The systems Loom is measured against use per-step round robin and homogeneous workers (Heddle §7).
+PRESETS: dict[str, ResolvedPolicy] = {
+    "heddle": ResolvedPolicy("pps", "presorted_dp", True, "adaptive"),
+    "verl": ResolvedPolicy("rr", "verl", False, "fixed"),
+    "verl_star": ResolvedPolicy("rr", "verl_star", False, "fixed"),
+    "slime": ResolvedPolicy("rr", "slime", False, "fixed"),
+    "sglang": ResolvedPolicy("rr", "sglang_cache_aware", False, "fixed"),
+    "round_robin": ResolvedPolicy("fcfs", "round_robin", False, "fixed"),
+}
 
 
 class JobSpec(Struct, forbid_unknown_fields=True):
@@ -249,14 +298,27 @@ class WorkerLoad(Struct):
 class WorkerDone(Struct):
     worker_id: str
     rid: str
+    output_len: NonNeg = 0
+    engine_s: NonNegF = 0.0  # prefill + decode time of the call
+    queue_s: NonNegF = 0.0  # time it waited in the engine
 
 
 # ---------------------------------------------------------------- control
 
 
+# KV loom_traj key of a job's Placement, beside its trajectories (no trajectory id starts with "_").
+PLAN_KEY = "_plan"
+
+
 class Placement(Struct):
+    """A job's planned placement. For presorted plans, ``groups`` lists the worker of each partition
+    from the longest trajectories down, with ``sizes`` their planned sizes (migration scales them)."""
+
     job_id: str
     assignments: dict[str, str]
+    predicted: dict[str, float] = {}
+    groups: list[str] = []
+    sizes: list[int] = []
 
 
 class PriorityUpdate(Struct):
@@ -265,6 +327,24 @@ class PriorityUpdate(Struct):
     priority: float
     predicted_remaining: float | None = None
     step: NonNeg = 0
+    # The trajectory's context so far: what a migration target must warm before its next step.
+    context_len: NonNeg = 0
+    generated_tokens: NonNeg = 0
+
+
+class WarmPrefix(Struct):
+    """Ask a worker to load a trajectory's prefix (migration target, during the tool call)."""
+
+    job_id: str
+    traj_id: str
+    input_len: Pos
+    source: str = ""
+
+
+class WarmDone(Struct):
+    worker_id: str
+    prefix_key: str
+    input_len: NonNeg
 
 
 class CancelJob(Struct):

@@ -28,6 +28,10 @@ def worker_abort(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.abort"
 
 
+def worker_warm(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{worker_id}.warm"
+
+
 def worker_done(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.done"
 

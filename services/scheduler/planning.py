@@ -1,0 +1,93 @@
+"""A job's initial placement plan: presorted DP on predicted lengths (Heddle), round robin, or none
+(the per-request baselines decide in the router)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+
+from loom.bus import request
+from loom.policies.partition import presorted_dp
+from loom.policies.placement import RoundRobinPlacement
+from loom.policies.profiles import generation_duty, worker_profile
+from loom.predict.history import HistoryPredictor
+from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
+from loom.service import Runtime
+
+log = logging.getLogger(__name__)
+
+# Output tokens of a typical agent step (SWE traces: about 270): sets the share of time spent generating.
+STEP_TOKENS = 300.0
+
+
+async def initial_predictions(
+    rt: Runtime, job: Job, works: list[TrajWork], timeout_s: float = 2.0
+) -> dict[str, float]:
+    """Prompt-only estimate of each trajectory's total length: one predictor call per prompt (every sample
+    of a group shares it); the history prior where the predictor does not answer."""
+    prior = HistoryPredictor().prior_total
+    sem = asyncio.Semaphore(64)
+
+    async def one(w: TrajWork) -> tuple[str, float]:
+        prompt = int(w.task.data.get("prompt_tokens", 0) or 0)
+        req = PredictRequest(job.id, w.traj_id, w.task.id, 0, prompt, 0)
+        async with sem:
+            try:
+                p = await request(rt.nc, subjects.PREDICT, req, Prediction, timeout_s=timeout_s)
+                return w.task.id, p.total_tokens
+            except Exception as e:
+                log.debug("no initial prediction for %s: %s", w.task.id, e)
+                return w.task.id, prior
+
+    firsts = {w.task.id: w for w in works}
+    by_task = dict(await asyncio.gather(*(one(w) for w in firsts.values())))
+    return {w.traj_id: by_task[w.task.id] for w in works}
+
+
+async def plan(
+    rt: Runtime, job: Job, works: list[TrajWork], workers: dict[str, WorkerInfo], rr: RoundRobinPlacement
+) -> Placement:
+    policy = job.spec.policy.resolved()
+    ids = [w.traj_id for w in works]
+    if policy.placement == "round_robin":
+        return Placement(job.id, rr.place(ids, list(workers)))
+    if policy.placement != "presorted_dp":
+        return Placement(job.id, {})
+    preds = await initial_predictions(rt, job, works)
+    names = sorted(workers)
+    prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]
+    context = int(statistics.median(prompts) + statistics.median(preds.values()) / 2)
+    profiles = []
+    for name in names:
+        info = workers[name]
+        base = worker_profile(
+            info.model,
+            info.gpu,
+            info.tp,
+            context_len=context,
+            max_running=info.max_running,
+            duty=1.0,
+            max_group=1,
+        ).per_token_s
+        duty = generation_duty(STEP_TOKENS, base, job.spec.tool_latency.mean_s)
+        profiles.append(
+            worker_profile(
+                info.model,
+                info.gpu,
+                info.tp,
+                context_len=context,
+                max_running=info.max_running,
+                duty=duty,
+                max_group=len(works),
+            )
+        )
+    part = presorted_dp([preds[t] for t in ids], profiles)
+    assignment = part.assignment()
+    return Placement(
+        job.id,
+        {t: names[int(assignment[i])] for i, t in enumerate(ids)},
+        predicted=preds,
+        groups=[names[i] for i in part.group_order],
+        sizes=[part.bounds[i][1] - part.bounds[i][0] for i in part.group_order],
+    )

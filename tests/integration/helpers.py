@@ -1,0 +1,52 @@
+"""Starting in-process services for integration tests (each over its own NATS connection)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from loom.engine.sim import SimEngine
+from loom.service import Runtime
+from services.rollout.settings import RolloutSettings
+from services.rollout.worker import RolloutWorker
+from services.router.router import Router
+from services.router.settings import RouterSettings
+from tests.conftest import Services
+
+SPEED = 200.0
+
+
+async def start_worker(
+    services: Services, wid: str, max_running: int = 64, speed: float = SPEED
+) -> RolloutWorker:
+    holder: list[RolloutWorker] = []
+
+    def build(rt: Runtime) -> RolloutWorker:
+        w = RolloutWorker(
+            rt, RolloutSettings(worker_id=wid), SimEngine(clock=rt.clock, max_running=max_running)
+        )
+        holder.append(w)
+        return w
+
+    await services.start(wid, "rollout", RolloutSettings(worker_id=wid, speed=speed, keepalive_s=0.2), build)
+    return holder[0]
+
+
+async def start_router(services: Services, key: str = "router") -> Router:
+    holder: list[Router] = []
+
+    def build(rt: Runtime) -> Router:
+        r = Router(rt, RouterSettings(registry_s=0.2))
+        holder.append(r)
+        return r
+
+    await services.start(key, "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build)
+    return holder[0]
+
+
+async def until(cond: Callable[[], bool], within_s: float = 10.0) -> None:
+    for _ in range(int(within_s / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")

@@ -1,0 +1,100 @@
+"""Heddle's control plane over NATS: planned placement, priority reordering, migration with warm-up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.client import Client as NATS
+
+from loom.bus import kv_key
+from loom.genclient import GenClient
+from loom.protocol import (
+    PLAN_KEY,
+    GenRequest,
+    Job,
+    JobSpec,
+    Placement,
+    PolicySpec,
+    PriorityUpdate,
+    TrajMeta,
+    encode,
+    subjects,
+)
+from tests.conftest import Services
+from tests.integration.helpers import start_router, start_worker, until
+
+JOB = "job-heddle"
+
+
+async def _store_job_and_plan(nc: NATS, plan: Placement) -> None:
+    js = nc.jetstream()
+    job = Job(JOB, JobSpec(policy=PolicySpec(preset="heddle")), "running", time.time(), len(plan.assignments))
+    await (await js.key_value(subjects.KV_JOBS)).put(JOB, encode(job))
+    kv = await js.key_value(subjects.KV_TRAJ)
+    for traj, w in plan.assignments.items():
+        await kv.put(kv_key(JOB, traj), encode(TrajMeta(JOB, traj, worker_id=w)))
+    await kv.put(kv_key(JOB, PLAN_KEY), encode(plan))
+    await nc.publish(subjects.CONTROL_PLACEMENT, encode(plan))
+
+
+def _req(traj: str, step: int, input_len: int, n: int) -> GenRequest:
+    return GenRequest(
+        rid=f"{JOB}.{traj}.{step}",
+        job_id=JOB,
+        traj_id=traj,
+        step=step,
+        input_len=input_len,
+        max_new_tokens=n,
+        ignore_eos=True,
+    )
+
+
+async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services) -> None:
+    w0 = await start_worker(services, "w0", max_running=8)
+    w1 = await start_worker(services, "w1", max_running=1)  # one at a time: the rest wait in the router
+    router = await start_router(services)
+    await until(lambda: set(router.workers) == {"w0", "w1"})
+    # The presorted plan: the longest trajectory alone on w0, the three shorter ones on w1.
+    plan = Placement(
+        JOB,
+        {"ta": "w0", "tb": "w1", "tc": "w1", "td": "w1"},
+        predicted={"ta": 9000, "tb": 3000, "tc": 2000, "td": 1000},
+        groups=["w0", "w1"],
+        sizes=[1, 3],
+    )
+    await _store_job_and_plan(nc, plan)
+    client = GenClient(nc, lease_s=1.0)
+
+    # 1. Trajectories are served on their planned workers.
+    ra, rb = await asyncio.gather(client.generate(_req("ta", 0, 1000, 50)), client.generate(_req("tb", 0, 1000, 50)))
+    assert (ra.worker_id, rb.worker_id) == ("w0", "w1")
+
+    # 2. A priority update reorders a worker's queue: tb occupies w1 while tc then td wait behind it.
+    blocker = asyncio.create_task(client.generate(_req("tb", 1, 1100, 300_000)))
+    await until(lambda: w1.engine.load().running == 1)
+    tc0 = asyncio.create_task(client.generate(_req("tc", 0, 1000, 100)))
+    td0 = asyncio.create_task(client.generate(_req("td", 0, 1000, 100)))
+    await until(lambda: len(router.queues["w1"]) == 2)
+    queue = router.queues["w1"].jobs[JOB]
+    assert queue.ordered() == [f"{JOB}.tc.0", f"{JOB}.td.0"]
+    await nc.publish(subjects.CONTROL_PRIORITY, encode(PriorityUpdate(JOB, "td", 50_000.0, 50_000.0, 0)))
+    await until(lambda: queue.ordered() == [f"{JOB}.td.0", f"{JOB}.tc.0"])
+    blocker.cancel()  # frees w1: the queue drains in its new order
+    done_first, _ = await asyncio.wait({tc0, td0}, return_when=asyncio.FIRST_COMPLETED)
+    assert td0 in done_first
+    rc = await tc0
+    assert rc.worker_id == "w1"
+
+    # 3. During tc's tool call its prediction jumps past everyone's: it migrates to the long-group
+    #    worker w0, which warms its 1,100-token context before the next step arrives.
+    upd = PriorityUpdate(JOB, "tc", 80_000.0, 80_000.0, 0, context_len=1100, generated_tokens=100)
+    await nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
+    await until(lambda: router.placement.get(kv_key(JOB, "tc")) == "w0")
+    await until(lambda: w0.engine.core.cache.length(kv_key(JOB, "tc")) >= 1100)
+    nxt = await client.generate(_req("tc", 1, 1200, 100))
+    assert nxt.worker_id == "w0"
+    assert nxt.cached_tokens >= 1100  # the warmed prefix was used: only the new 100 tokens prefilled
+    # td's own jump (50,000 > ta's 9,000) had already moved it to w0 for its next step: two migrations.
+    assert router.placement[kv_key(JOB, "td")] == "w0"
+    assert router.m_moves._value.get() == 2
