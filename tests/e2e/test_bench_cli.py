@@ -11,7 +11,9 @@ from tests.e2e.conftest import LOOM
 
 
 def _bench(*args: str) -> dict[str, Any]:
-    r = subprocess.run([LOOM, "bench", *args, "--json"], capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [LOOM, "bench", *args, "--json"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     return out

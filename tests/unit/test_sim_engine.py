@@ -58,6 +58,7 @@ core_args = st.fixed_dictionaries(
         "max_running": st.integers(1, 12),
         "prefill_budget": st.sampled_from([64, 300, 8192]),
         "reserve_ratio": st.sampled_from([0.0, 0.1, 0.5]),
+        "preempt_threshold": st.sampled_from([None, 0.0, 10.0]),
     }
 )
 
@@ -135,7 +136,7 @@ def test_prefix_hits_match_reference_for_one_trajectory(steps: list[tuple[int, i
 @given(priorities=st.lists(st.sampled_from([-1.0, 0.0, 1.0, 5.0]), min_size=2, max_size=30))
 @PROPS
 def test_admission_follows_priority_then_fifo(priorities: list[float]) -> None:
-    core = SimCore(PERF, 100_000, max_running=1)
+    core = SimCore(PERF, 100_000, max_running=1, preempt_threshold=None)
     core.submit(EngineRequest("blocker", 10, 50), 0.0)
     core.advance(0.0)  # admits the blocker, so the rest queue behind it
     for i, priority in enumerate(priorities):
@@ -194,6 +195,35 @@ def test_retraction_takes_lowest_priority_then_newest(low: float, high: float, r
     assert [o.rid for o in outs][-1] == retracted
     assert all((o.finish_reason, o.output_len) == ("length", 600) for o in outs)
     assert_idle(core)
+
+
+def test_a_waiting_request_that_outranks_a_running_one_preempts_it() -> None:
+    """Heddle Algorithm 1 on the engine (SGLang's priority preemption: threshold 10, strict)."""
+    core = SimCore(PERF, 100_000, max_running=2)
+    core.submit(EngineRequest("low", 100, 400, priority=1.0, prefix_key="low"), 0.0)
+    core.submit(EngineRequest("mid", 100, 400, priority=50.0), 0.0)
+    core.advance(0.01)
+    core.submit(EngineRequest("near", 100, 10, priority=11.0), core.now)  # 11 > 1 + 10 fails: it waits
+    core.submit(EngineRequest("urgent", 100, 10, priority=60.0), core.now)  # 60 > 1 + 10: evicts "low"
+    outs = {o.rid: o for o in drain(core)}
+    assert core.preemptions == 1
+    assert {rid: o.output_len for rid, o in outs.items()} == {
+        "low": 400,
+        "mid": 400,
+        "near": 10,
+        "urgent": 10,
+    }
+    done_at = {rid: o.queue_s + o.prefill_s + o.decode_s for rid, o in outs.items()}
+    assert done_at["urgent"] < done_at["low"]  # it did not wait for the low-priority request to finish
+
+
+def test_priority_gap_must_exceed_the_threshold() -> None:
+    core = SimCore(PERF, 100_000, max_running=1)
+    core.submit(EngineRequest("a", 100, 200, priority=0.0), 0.0)
+    core.advance(0.01)
+    core.submit(EngineRequest("b", 100, 5, priority=10.0), core.now)  # 10 > 0 + 10 is false
+    drain(core)
+    assert core.preemptions == 0
 
 
 def test_retracted_request_keeps_its_cached_prefix() -> None:

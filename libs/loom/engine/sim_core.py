@@ -85,6 +85,7 @@ class SimCore:
         prefill_budget: int = 8192,
         reserve_ratio: float = 0.1,
         start: float = 0.0,
+        preempt_threshold: float | None = 10.0,
     ) -> None:
         if kv_capacity <= 0 or max_running < 1 or prefill_budget < 1:
             raise ValueError("kv_capacity, max_running and prefill_budget must be positive")
@@ -97,6 +98,11 @@ class SimCore:
         # Admission keeps this fraction of the running sequences' remaining output free, like SGLang's
         # new_token_ratio, so that a full cache does not retract the request it has just admitted.
         self.reserve_ratio = reserve_ratio
+        # A waiting request whose priority exceeds the lowest running one's by more than this evicts it
+        # (SGLang --enable-priority-scheduling, --priority-scheduling-preemption-threshold 10; Heddle's
+        # Algorithm 1). None: never preempt for priority.
+        self.preempt_threshold = preempt_threshold
+        self.preemptions = 0
         self.weight_version = ""
         self.cache = PrefixCache()
         self.generated_tokens = 0
@@ -251,6 +257,36 @@ class SimCore:
         while self._running and self._avail() < growth:
             self._retract(min(self._running.values(), key=lambda s: (s.req.priority, -s.seq)))
             prefill, budget, growth = self._prefill_plan()
+        prefill, budget, growth = self._admit_queue(prefill, budget, growth)
+        for _ in range(len(self._running)):
+            victim = self._preemption_victim(budget)
+            if victim is None:
+                break
+            self._retract(victim)
+            self.preemptions += 1
+            prefill, budget, growth = self._admit_queue(*self._prefill_plan())
+        if not self._running:
+            return None
+        decoders = len(self._decoding)
+        if prefill:
+            attended = sum(take * (s.context - s.prefill_left) + take * (take + 1) / 2 for s, take in prefill)
+            tokens = sum(take for _, take in prefill)
+            dt = self.perf.iteration_time(tokens, decoders, self._decode_kv, attended)
+            return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, growth, prefill)
+        # Pure decode: the batch stays the same until a sequence finishes or the KV cache fills, since a
+        # blocked queue head stays blocked while the running sequences only grow.
+        iters = min(self._next_finish_step() - self._step, self._avail() // decoders)
+        chunk = _Chunk(self._now, 0.0, iters, decoders, self._decode_kv, decoders)
+        arrival = self._next_arrival()
+        if arrival is not None:
+            chunk.iters = min(iters, self._iters_within(chunk, arrival - self._now) + 1)
+        chunk.end = self._now + self.perf.decode_span(decoders, self._decode_kv, chunk.iters)
+        return chunk
+
+    def _admit_queue(
+        self, prefill: list[tuple[_Seq, int]], budget: int, growth: int
+    ) -> tuple[list[tuple[_Seq, int]], int, int]:
+        """Admit from the head of the queue, in strict priority order, while slots, budget and KV allow."""
         while len(self._running) < self.max_running:
             s = self._queue_head()
             if s is None:
@@ -272,23 +308,15 @@ class SimCore:
                 prefill.append((s, take))
                 budget -= take
             growth += grows
-        if not self._running:
+        return prefill, budget, growth
+
+    def _preemption_victim(self, budget: int) -> _Seq | None:
+        """The running request the blocked queue head evicts: the lowest priority, newest on ties."""
+        head = self._queue_head()
+        if head is None or not self._running or self.preempt_threshold is None or budget <= 0:
             return None
-        decoders = len(self._decoding)
-        if prefill:
-            attended = sum(take * (s.context - s.prefill_left) + take * (take + 1) / 2 for s, take in prefill)
-            tokens = sum(take for _, take in prefill)
-            dt = self.perf.iteration_time(tokens, decoders, self._decode_kv, attended)
-            return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, growth, prefill)
-        # Pure decode: the batch stays the same until a sequence finishes or the KV cache fills, since a
-        # blocked queue head stays blocked while the running sequences only grow.
-        iters = min(self._next_finish_step() - self._step, self._avail() // decoders)
-        chunk = _Chunk(self._now, 0.0, iters, decoders, self._decode_kv, decoders)
-        arrival = self._next_arrival()
-        if arrival is not None:
-            chunk.iters = min(iters, self._iters_within(chunk, arrival - self._now) + 1)
-        chunk.end = self._now + self.perf.decode_span(decoders, self._decode_kv, chunk.iters)
-        return chunk
+        victim = min(self._running.values(), key=lambda r: (r.req.priority, -r.seq))
+        return victim if head.req.priority > victim.req.priority + self.preempt_threshold else None
 
     def _prefill_plan(self) -> tuple[list[tuple[_Seq, int]], int, int]:
         """Budget shares of the running prefills, the budget left, and the KV growth of one iteration."""
