@@ -18,17 +18,25 @@ from loom_cli.deploy import DeployConfig, Deployment, free_port
 from loom_cli.summary import summarize
 
 
-def demo_spec(prompts: int, samples: int) -> dict[str, Any]:
+def demo_spec(prompts: int, samples: int, policy: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "name": "demo: SWE-bench agent replay",
         "env": "replay",
         "model": "qwen3-8b",
         "dataset": {"name": "swe-replay", "limit": prompts},
         "group_size": samples,
+        "policy": policy or {"preset": "heddle"},
     }
 
 
-async def run_demo(prompts: int, samples: int, workers: int, speed: float, home: Path | None) -> int:
+async def run_demo(
+    prompts: int,
+    samples: int,
+    workers: int,
+    speed: float,
+    home: Path | None,
+    policy: dict[str, Any] | None = None,
+) -> int:
     console = Console(stderr=True)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="loom-demo-") as tmp:
@@ -40,7 +48,9 @@ async def run_demo(prompts: int, samples: int, workers: int, speed: float, home:
         try:
             await dep.start()
             t_up = time.monotonic()
-            summary = await asyncio.to_thread(_run_job, dep.api_url, demo_spec(prompts, samples), console)
+            summary = await asyncio.to_thread(
+                _run_job, dep.api_url, demo_spec(prompts, samples, policy), console
+            )
             t_job = time.monotonic()
         finally:
             await dep.stop()

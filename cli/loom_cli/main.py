@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import logs
-from loom_cli import bench
+from loom_cli import bench, simserver
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
 
@@ -126,12 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("job")
 
     bench.register(sub)
+    simserver.register(sub)
 
     d = sub.add_parser("demo", help="run a replayed demo job end to end and print a summary")
     d.add_argument("--prompts", type=int, default=8)
     d.add_argument("--samples", type=int, default=8)
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--speed", type=float, default=20.0)
+    d.add_argument("--policy", help='job policy as JSON, e.g. \'{"preset": "slime"}\' (default: heddle)')
     return p
 
 
@@ -145,10 +147,13 @@ def main(argv: list[str] | None = None) -> None:
             rc = asyncio.run(_status(args))
         elif args.cmd == "bench":
             rc = bench.run(args)
+        elif args.cmd == "sim-server":
+            rc = args.run(args)
         elif args.cmd == "demo":
             from loom_cli.demo import run_demo
 
-            rc = asyncio.run(run_demo(args.prompts, args.samples, args.workers, args.speed, None))
+            policy = json.loads(args.policy) if args.policy else None
+            rc = asyncio.run(run_demo(args.prompts, args.samples, args.workers, args.speed, None, policy))
         else:
             rc = {"submit": _submit, "results": _results, "cancel": _cancel, "job": _job}[args.cmd](args)
     except ApiError as e:

@@ -10,6 +10,15 @@ from services.rollout.worker import RolloutWorker
 
 
 def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
+    if s.engine == "sglang":
+        if not s.sglang_url:
+            raise ValueError(
+                "LOOM_ROLLOUT_ENGINE=sglang needs LOOM_ROLLOUT_SGLANG_URL, the SGLang server's base URL"
+            )
+        from loom.engine.sglang_client import SGLangEngine
+
+        # The server decides tp and max_running; the worker reports what it finds there.
+        return SGLangEngine(s.sglang_url, model=s.model, gpu=s.gpu)
     from loom.engine.sim import SimEngine
 
     return SimEngine(model=s.model, gpu=s.gpu, tp=s.tp, clock=rt.clock, max_running=s.max_running)

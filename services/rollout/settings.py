@@ -12,7 +12,9 @@ class RolloutSettings(LoomSettings):
     model_config = SettingsConfigDict(env_prefix="LOOM_ROLLOUT_", populate_by_name=True, extra="ignore")
 
     worker_id: str = Field("w0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    engine: Literal["sim"] = "sim"
+    engine: Literal["sim", "sglang"] = "sim"
+    # Base URL of the SGLang server this worker drives (engine "sglang"), e.g. http://127.0.0.1:30000.
+    sglang_url: str | None = None
     model: str = "qwen3-8b"
     gpu: str = "h100"
     tp: int = Field(1, ge=1, le=64)

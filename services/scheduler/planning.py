@@ -49,12 +49,15 @@ async def plan(
     rt: Runtime, job: Job, works: list[TrajWork], workers: dict[str, WorkerInfo], rr: RoundRobinPlacement
 ) -> Placement:
     policy = job.spec.policy.resolved()
-    ids = [w.traj_id for w in works]
     if policy.placement == "round_robin":
-        return Placement(job.id, rr.place(ids, list(workers)))
+        return Placement(job.id, rr.place([w.traj_id for w in works], list(workers)))
     if policy.placement != "presorted_dp":
         return Placement(job.id, {})
     preds = await initial_predictions(rt, job, works)
+    # Sample-major order: where predictions tie (every sample of a prompt shares its prompt-only estimate)
+    # the stable presort then deals a group's samples across workers instead of stacking them on one,
+    # as their real lengths are correlated.
+    ids = [w.traj_id for w in sorted(works, key=lambda w: (w.sample, w.group))]
     names = sorted(workers)
     prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]
     context = int(statistics.median(prompts) + statistics.median(preds.values()) / 2)

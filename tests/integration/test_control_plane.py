@@ -67,7 +67,9 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     client = GenClient(nc, lease_s=1.0)
 
     # 1. Trajectories are served on their planned workers.
-    ra, rb = await asyncio.gather(client.generate(_req("ta", 0, 1000, 50)), client.generate(_req("tb", 0, 1000, 50)))
+    ra, rb = await asyncio.gather(
+        client.generate(_req("ta", 0, 1000, 50)), client.generate(_req("tb", 0, 1000, 50))
+    )
     assert (ra.worker_id, rb.worker_id) == ("w0", "w1")
 
     # 2. A priority update reorders a worker's queue: tb occupies w1 while tc then td wait behind it.

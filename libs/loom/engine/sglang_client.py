@@ -1,0 +1,303 @@
+"""``SGLangEngine``: the ``Engine`` interface over a real SGLang server's native HTTP API.
+
+The server must run with ``--enable-metrics`` (load figures come from its Prometheus ``/metrics``) and,
+for Loom's queue order to reach the GPU, ``--enable-priority-scheduling``. Start-up reads both settings
+from ``/get_server_info`` and fails, or warns, when they are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections import defaultdict
+from typing import Any, Literal
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+
+log = logging.getLogger(__name__)
+
+# Summed over label sets, one per DP rank: right for counts and throughput; the hit rate assumes one rank.
+_METRICS = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:num_used_tokens",
+    "sglang:generation_tokens_total",
+    "sglang:gen_throughput",
+    "sglang:cache_hit_rate",
+)
+
+
+class SGLangError(RuntimeError):
+    """The SGLang server could not be reached, or answered with an error other than a bad request."""
+
+
+def wire_rid(rid: str) -> str:
+    """The rid sent to SGLang. Its scheduler aborts every queued request whose rid *starts with* the one
+    given, so rids must be prefix-free ("a.1" would take "a.10" with it); a length prefix makes them so."""
+    return f"{len(rid)}:{rid}"
+
+
+class SGLangEngine:
+    def __init__(
+        self,
+        url: str,
+        model: str = "qwen3-8b",
+        gpu: str = "h100",
+        temperature: float = 1.0,
+        poll_s: float = 0.5,
+        vocab: int = QWEN3_ORDINARY,
+    ) -> None:
+        self.url = url.rstrip("/")
+        # ``model`` is Loom's name for what the server runs (placement keys on it); SGLang knows only a path.
+        # The real figures replace these in start(); until then the worker reports an empty engine.
+        self.info = EngineInfo(kind="sglang", model=model, gpu=gpu, tp=1, max_running=0, kv_capacity_tokens=0)
+        self.temperature = temperature
+        self.poll_s = poll_s
+        self.vocab = vocab
+        self.weight_version = ""
+        self._priority_sign = 0  # 0: the server ignores priorities, so none is sent
+        self._contexts = ContextIds(0, vocab)
+        self._inflight: set[str] = set()
+        self._warm_ids = itertools.count()
+        self._load = EngineLoad(0, 0, 0, 0, 0)
+        self._session: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        # No connection limit: aiohttp's default of 100 would cap the batch below SGLang's max_running.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+        try:
+            model = await self._json("GET", "/get_model_info")
+            server = await self._json("GET", "/get_server_info")
+            self._configure(model, server)
+            self._load = await self._poll_once()
+        except BaseException:
+            await self._session.close()
+            self._session = None
+            raise
+        self._poller = asyncio.create_task(self._poll(), name=f"sglang-poll-{self.url}")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self._session is None:
+            return
+        for rid in list(self._inflight):
+            with contextlib.suppress(SGLangError):
+                await self._abort_wire(rid)
+        await self._session.close()
+        self._session = None
+
+    async def generate(self, req: EngineRequest) -> EngineOutput:
+        key = req.prefix_key or req.rid
+        ids = req.input_ids if req.input_ids is not None else self._contexts.build(key, req.input_len)
+        rid = wire_rid(req.rid)
+        # Not streamed: SGLang's stream resends every token so far in each chunk (quadratic in the output)
+        # unless started with --incremental-streaming-output, and the Engine interface reports only the end.
+        body: dict[str, Any] = {
+            "rid": rid,
+            "input_ids": ids,
+            "sampling_params": {
+                "max_new_tokens": req.max_new_tokens,
+                "ignore_eos": req.ignore_eos,
+                "temperature": self.temperature,
+            },
+            "stream": False,
+        }
+        if self._priority_sign:
+            # SGLang takes integers; Loom's priorities are remaining-token estimates, so rounding is lossless
+            # for ordering. (SGLang preempts a running request only for a priority higher by more than
+            # --priority-scheduling-preemption-threshold, 10 by default.)
+            body["priority"] = self._priority_sign * round(req.priority)
+        self._inflight.add(rid)
+        try:
+            out = await self._json("POST", "/generate", body)
+        except asyncio.CancelledError:
+            with contextlib.suppress(SGLangError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await self._abort_wire(rid)
+            raise
+        finally:
+            self._inflight.discard(rid)
+        result = self._output(req.rid, out)
+        if req.input_ids is None:  # live requests carry the real context; replayed ones repeat this one
+            self._contexts.remember(key, ids + (result.output_ids or []))
+        return result
+
+    async def abort(self, rid: str) -> bool:
+        wire = wire_rid(rid)
+        if wire not in self._inflight:
+            return False
+        await self._abort_wire(wire)
+        return True
+
+    def load(self) -> EngineLoad:
+        return self._load
+
+    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
+        # SGLang has no KV import: a prefill-only request leaves the context in the radix cache.
+        rid = f"warm-{next(self._warm_ids)}:{prefix_key}"
+        await self.generate(
+            EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
+        )
+
+    async def update_weights(self, version: str) -> None:
+        # A Loom weight version names the checkpoint SGLang loads; it is also recorded as SGLang's
+        # weight_version, which every response then carries.
+        await self._json(
+            "POST", "/update_weights_from_disk", {"model_path": version, "weight_version": version}
+        )
+        self.weight_version = version
+
+    async def pause(self) -> None:
+        # SGLang's default mode aborts everything in flight; "in_place" keeps requests and their KV, as the
+        # simulator's pause does. (Servers older than the mode field ignore it and abort.)
+        await self._json("POST", "/pause_generation", {"mode": "in_place"})
+
+    async def resume(self) -> None:
+        await self._json("POST", "/continue_generation", {})
+
+    # Start-up and load
+
+    def _configure(self, model: dict[str, Any], server: dict[str, Any]) -> None:
+        if not model.get("is_generation", True):
+            raise ValueError(f"{self.url} serves an embedding model, not a generation model")
+        if not server.get("enable_metrics"):
+            raise SGLangError(f"{self.url} has no load metrics: start SGLang with --enable-metrics")
+        if not server.get("enable_priority_scheduling"):
+            log.warning("%s ignores priorities: start SGLang with --enable-priority-scheduling", self.url)
+        else:
+            # SGLang serves larger values first unless --schedule-low-priority-values-first, as Loom does.
+            self._priority_sign = -1 if server.get("schedule_low_priority_values_first") else 1
+        states = server.get("internal_states") or [{}]
+        max_running = states[0].get("effective_max_running_requests_per_dp") or server["max_running_requests"]
+        capacity = int(server["max_total_num_tokens"])
+        self.info = EngineInfo(
+            kind="sglang",
+            model=self.info.model,
+            gpu=self.info.gpu,
+            tp=int(server.get("tp_size", 1)),
+            max_running=int(max_running),
+            kv_capacity_tokens=capacity,
+        )
+        self.weight_version = str(model.get("weight_version") or "")
+        self._contexts = ContextIds(capacity, self.vocab)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                async with asyncio.timeout(max(10.0, self.poll_s)):
+                    self._load = await self._poll_once()
+            except (SGLangError, ValueError, TimeoutError) as e:
+                log.warning("load poll of %s failed, keeping the last figures: %r", self.url, e)
+
+    async def _poll_once(self) -> EngineLoad:
+        totals: dict[str, float] = defaultdict(float)
+        for family in text_string_to_metric_families(await self._text("GET", "/metrics")):
+            for sample in family.samples:
+                if sample.name in _METRICS:
+                    totals[sample.name] += sample.value
+        used = int(totals["sglang:num_used_tokens"])
+        capacity = self.info.kv_capacity_tokens
+        return EngineLoad(
+            running=int(totals["sglang:num_running_reqs"]),
+            waiting=int(totals["sglang:num_queue_reqs"]),
+            kv_used_tokens=used,
+            kv_capacity_tokens=capacity,
+            generated_tokens=int(totals["sglang:generation_tokens_total"]),
+            extra={
+                "gen_throughput": totals["sglang:gen_throughput"],
+                "cache_hit_rate": totals["sglang:cache_hit_rate"],
+                "token_usage": used / capacity if capacity else 0.0,
+            },
+        )
+
+    # Responses
+
+    def _output(self, rid: str, out: dict[str, Any]) -> EngineOutput:
+        meta = out["meta_info"]
+        reason = (meta.get("finish_reason") or {}).get("type")
+        finish: Literal["length", "stop", "abort"] = reason if reason in ("length", "abort") else "stop"
+        output_ids = out.get("output_ids")
+        queue_s, prefill_s, decode_s = _phases(meta)
+        return EngineOutput(
+            rid=rid,
+            output_len=int(meta.get("completion_tokens", len(output_ids or ()))),
+            finish_reason=finish,
+            output_ids=output_ids,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            weight_version=str(meta.get("weight_version") or self.weight_version),
+        )
+
+    # HTTP
+
+    async def _abort_wire(self, rid: str) -> None:
+        await self._json("POST", "/abort_request", {"rid": rid})
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        text = await self._text(method, path, body)
+        return json.loads(text) if text else {}
+
+    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        if self._session is None:
+            raise RuntimeError("SGLangEngine is not running: await start() first")
+        url = self.url + path
+        try:
+            async with self._session.request(method, url, json=body) as resp:
+                text = await resp.text()
+        except aiohttp.ClientError as e:
+            raise SGLangError(f"{method} {url}: {e}") from e
+        if resp.status == 400:
+            raise ValueError(f"{method} {url}: HTTP 400: {_message(text)}")
+        if resp.status >= 300:
+            raise SGLangError(f"{method} {url}: HTTP {resp.status}: {_message(text)}")
+        return text
+
+
+def _phases(meta: dict[str, Any]) -> tuple[float, float, float]:
+    """Queue, prefill and decode seconds from SGLang's meta_info.
+
+    With --enable-metrics SGLang reports ``inference_time`` (from the first forward pass to the end) and
+    ``decode_throughput`` ((completion_tokens - 1) / time after the first token) beside ``e2e_latency``;
+    whatever is missing is counted as prefill, so the three always add up to the end-to-end latency."""
+    e2e = float(meta.get("e2e_latency") or 0.0)
+    queue = max(0.0, e2e - float(meta["inference_time"])) if "inference_time" in meta else 0.0
+    tokens = int(meta.get("completion_tokens") or 0)
+    throughput = float(meta.get("decode_throughput") or 0.0)
+    decode = (tokens - 1) / throughput if throughput > 0 and tokens > 1 else 0.0
+    decode = min(decode, e2e - queue)
+    return queue, e2e - queue - decode, decode
+
+
+def _message(text: str) -> str:
+    """The error message of SGLang's error bodies: {"error": {"message"}} or {"message"}, else the text."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in body:
+            return str(body["message"])
+    return text.strip()

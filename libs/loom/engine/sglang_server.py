@@ -1,0 +1,451 @@
+"""An SGLang-compatible HTTP API over the simulated engine, so that the SGLang client is tested against it.
+
+It answers SGLang's native endpoints with SGLang's request and response shapes (python/sglang/srt/
+entrypoints/http_server.py and managers/io_struct.py upstream): /generate (JSON, or SSE when streamed),
+/abort_request, /pause_generation, /continue_generation, /update_weights_from_disk, /flush_cache,
+/get_model_info, /get_server_info, /get_load, /health, /health_generate, and /metrics in Prometheus text
+with SGLang's metric names. It behaves as SGLang started with --enable-priority-scheduling and
+--enable-metrics. Times, in responses and metrics, are simulated seconds.
+
+The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``,
+``text`` is always "", and ``output_ids`` are placeholders, a pseudo-random stream seeded by the input ids
+(like greedy decoding: the same input gives the same output). Requests must carry ``input_ids``; there is
+no tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import socket
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator, Generator
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, ConfigDict
+
+from loom.clock import Clock
+from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.sim import SimEngine
+from loom.engine.token_ids import ContextKeys, synth_ids
+
+log = logging.getLogger(__name__)
+
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+INITIAL_WEIGHT_VERSION = "default"  # what SGLang reports before any update
+DISCONNECT_POLL_S = 1.0  # SGLang notices a vanished non-streaming client within seconds too
+
+
+class GenerateReqInput(BaseModel):
+    """The fields of SGLang's GenerateReqInput the simulator acts on; the others are accepted and ignored.
+    Batches (lists of prompts) are refused."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    rid: str | None = None
+    sampling_params: dict[str, Any] | None = None
+    stream: bool = False
+    priority: int | None = None
+
+
+class AbortReq(BaseModel):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class UpdateWeightFromDiskReqInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+
+
+class PauseGenerationReqInput(BaseModel):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class _Metrics:
+    """SGLang's Prometheus metrics (the subset the simulator can fill), on a registry of their own."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model_name": model}
+        names = list(self.labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=self.registry)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=self.registry)
+
+        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.max_tokens = gauge(
+            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool."
+        )
+        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "sglang:generation_tokens_total", "Number of generation tokens processed."
+        )
+        self.cached_tokens = counter("sglang:cached_tokens_total", "Number of cached prompt tokens.")
+        self.requests = counter("sglang:num_requests_total", "Number of requests processed.")
+        self.aborted = counter("sglang:num_aborted_requests_total", "Number of requests aborted.")
+        buckets = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            names,
+            buckets=buckets,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            names,
+            buckets=buckets,
+            registry=self.registry,
+        )
+        self._prompt_total = 0
+        self._cached_total = 0
+        self._last: tuple[float, int] | None = None  # (simulated time, tokens generated) at the last scrape
+
+    def finished(self, prompt: int, out: EngineOutput) -> None:
+        lab = self.labels
+        self.prompt_tokens.labels(**lab).inc(prompt)
+        self.generation_tokens.labels(**lab).inc(out.output_len)
+        self.cached_tokens.labels(**lab).inc(out.cached_tokens)
+        self.requests.labels(**lab).inc()
+        if out.finish_reason == "abort":
+            self.aborted.labels(**lab).inc()
+        if out.output_len:
+            self.ttft.labels(**lab).observe(out.queue_s + out.prefill_s)
+        self.e2e.labels(**lab).observe(out.queue_s + out.prefill_s + out.decode_s)
+        self._prompt_total += prompt
+        self._cached_total += out.cached_tokens
+        # SGLang's hit rate covers recent batches; this one covers the server's life.
+        self.cache_hit_rate.labels(**lab).set(
+            self._cached_total / self._prompt_total if self._prompt_total else 0
+        )
+
+    def exposition(self, engine: SimEngine) -> bytes:
+        lab = self.labels
+        load = engine.load()
+        self.running.labels(**lab).set(load.running)
+        self.queued.labels(**lab).set(load.waiting)
+        self.used_tokens.labels(**lab).set(load.kv_used_tokens)
+        self.token_usage.labels(**lab).set(load.kv_used_tokens / load.kv_capacity_tokens)
+        self.max_tokens.labels(**lab).set(load.kv_capacity_tokens)
+        now = engine.clock.now()
+        if self._last is not None and now > self._last[0]:
+            rate = (load.generated_tokens - self._last[1]) / (now - self._last[0])
+            self.gen_throughput.labels(**lab).set(rate)
+        self._last = (now, load.generated_tokens)
+        return generate_latest(self.registry)
+
+
+class _SimServer:
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.model_path = engine.info.model  # SGLang reports the last checkpoint loaded
+        self.weight_version = INITIAL_WEIGHT_VERSION
+        self.keys = ContextKeys(engine.info.kv_capacity_tokens)
+        self.metrics = _Metrics(engine.info.model)
+        self.inflight: set[str] = set()
+
+    # Generation
+
+    async def generate(self, obj: GenerateReqInput, request: Request) -> Response:
+        try:
+            req, ids = self._request(obj)
+        except ValueError as e:
+            return _error(e)
+        if obj.stream:
+            return StreamingResponse(self._stream(req, ids, request), media_type="text/event-stream")
+        try:
+            return JSONResponse(await self._complete(req, ids, request))
+        except ValueError as e:
+            return _error(e)
+
+    def _request(self, obj: GenerateReqInput) -> tuple[EngineRequest, list[int]]:
+        if obj.text is not None:
+            raise ValueError("the simulator has no tokenizer: send input_ids instead of text")
+        if not obj.input_ids:
+            raise ValueError("input_ids must be a non-empty list of token ids")
+        ids = [t for t in obj.input_ids if isinstance(t, int)]
+        if len(ids) < len(obj.input_ids):
+            raise ValueError("batch requests (a list of prompts) are not supported by the simulator")
+        params = obj.sampling_params or {}
+        max_new = params.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
+        if not isinstance(max_new, int) or max_new < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new!r}")
+        req = EngineRequest(
+            rid=obj.rid or uuid.uuid4().hex,
+            input_len=len(ids),
+            max_new_tokens=max_new,
+            ignore_eos=bool(params.get("ignore_eos", False)),
+            priority=float(obj.priority or 0),
+        )
+        return req, ids
+
+    async def _stream(self, req: EngineRequest, ids: list[int], request: Request) -> AsyncIterator[bytes]:
+        # The simulator reports a request only when it ends, so the stream carries one chunk: the final one.
+        try:
+            yield _sse(await self._complete(req, ids, request))
+        except ValueError as e:
+            yield _sse({"error": {"message": str(e)}})
+        yield b"data: [DONE]\n\n"
+
+    async def _complete(self, req: EngineRequest, ids: list[int], request: Request) -> dict[str, Any]:
+        if req.rid in self.inflight:
+            raise ValueError(f"Duplicate request ID: {req.rid} is already running")
+        req.prefix_key = self.keys.acquire(ids)
+        computed = ids
+        self.inflight.add(req.rid)
+        try:
+            out = await self._run(req, request)
+            output_ids = synth_ids(_seed(ids), out.output_len)
+            computed = ids + output_ids
+        finally:
+            self.inflight.discard(req.rid)
+            self.keys.release(req.prefix_key, computed)
+        self.metrics.finished(len(ids), out)
+        return {"text": "", "output_ids": output_ids, "meta_info": self._meta(req, len(ids), out)}
+
+    async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
+        run = asyncio.create_task(self.engine.generate(req), name=f"sim-{req.rid}")
+        try:
+            while True:
+                done, _ = await asyncio.wait({run}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return run.result()
+                if await request.is_disconnected():
+                    await self.engine.abort(req.rid)
+        finally:
+            if not run.done():  # this handler was cancelled: the engine aborts the request on cancellation
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+
+    def _meta(self, req: EngineRequest, prompt: int, out: EngineOutput) -> dict[str, Any]:
+        n = out.output_len
+        finish: dict[str, Any] = (
+            {"type": "abort", "message": "Abort request."}
+            if out.finish_reason == "abort"
+            else {"type": "length", "length": n}
+        )
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": finish,
+            "prompt_tokens": prompt,
+            "weight_version": out.weight_version or INITIAL_WEIGHT_VERSION,
+            "completion_tokens": n,
+            "cached_tokens": out.cached_tokens,
+            "e2e_latency": out.queue_s + out.prefill_s + out.decode_s,
+            # As SGLang reports them with --enable-metrics: from the first forward pass to the end, and the
+            # decode rate after the first token.
+            "inference_time": out.prefill_s + out.decode_s,
+        }
+        if n > 1 and out.decode_s > 0:
+            meta["decode_throughput"] = (n - 1) / out.decode_s
+        return meta
+
+    # Control
+
+    async def abort_request(self, obj: AbortReq) -> Response:
+        # SGLang's scheduler aborts every request whose rid starts with the one given.
+        for rid in list(self.inflight):
+            if obj.abort_all or (obj.rid and rid.startswith(obj.rid)):
+                await self.engine.abort(rid)
+        return Response(status_code=200)
+
+    async def pause_generation(self, obj: PauseGenerationReqInput | None = None) -> JSONResponse:
+        # "retract" and "in_place" both keep requests; the simulator's pause holds them in place.
+        if (obj or PauseGenerationReqInput()).mode == "abort":
+            for rid in list(self.inflight):
+                await self.engine.abort(rid)
+        await self.engine.pause()
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self) -> JSONResponse:
+        await self.engine.resume()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weights_from_disk(self, obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
+        if not obj.model_path:
+            return JSONResponse(
+                {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
+            )
+        if obj.abort_all_requests:
+            for rid in list(self.inflight):
+                await self.engine.abort(rid)
+        self.model_path = obj.model_path
+        message = "Succeeded to update model weights."
+        if obj.weight_version is not None:
+            self.weight_version = obj.weight_version
+            message += f" Weight version updated to {obj.weight_version}."
+        await self.engine.update_weights(self.weight_version)
+        if obj.flush_cache:
+            self.keys.clear()
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def flush_cache(self) -> PlainTextResponse:
+        # Forgetting every context key makes the cached prefixes unreachable; the simulator evicts them.
+        load = self.engine.load()
+        idle = load.running == load.waiting == 0
+        if not idle:
+            return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
+        self.keys.clear()
+        return PlainTextResponse("Cache flushed.\n")
+
+    # Information
+
+    async def health(self) -> Response:
+        return Response(status_code=200)
+
+    async def health_generate(self) -> Response:
+        # As SGLang does: one token of a one-token prompt, kept out of the metrics.
+        rid = f"HEALTH_CHECK_{time.time()}"
+        try:
+            async with asyncio.timeout(20):
+                await self.engine.generate(EngineRequest(rid=rid, input_len=1, max_new_tokens=1))
+        except (TimeoutError, RuntimeError):
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def get_model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+        }
+
+    async def get_server_info(self) -> dict[str, Any]:
+        info = self.engine.info
+        return {
+            "model_path": self.model_path,
+            "served_model_name": info.model,
+            "tp_size": info.tp,
+            "dp_size": 1,
+            "page_size": 1,
+            "max_running_requests": info.max_running,
+            "max_total_tokens": info.kv_capacity_tokens,
+            "enable_priority_scheduling": True,
+            "schedule_low_priority_values_first": False,
+            "enable_metrics": True,
+            "weight_version": self.weight_version,
+            "status": "ready",
+            "max_total_num_tokens": info.kv_capacity_tokens,
+            "max_req_input_len": info.kv_capacity_tokens - 1,
+            "internal_states": [{"effective_max_running_requests_per_dp": info.max_running}],
+            "version": "loom-sim",
+        }
+
+    async def get_load(self) -> list[dict[str, int]]:
+        load = self.engine.load()
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": load.running + load.waiting,
+                "num_waiting_reqs": load.waiting,
+                "num_tokens": load.kv_used_tokens,
+            }
+        ]
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.exposition(self.engine), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_app(engine: SimEngine) -> FastAPI:
+    """SGLang's HTTP API over ``engine``, which the caller starts and closes."""
+    server = _SimServer(engine)
+    app = FastAPI(title="Loom simulated engine (SGLang-compatible)")
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_api_route("/generate", server.generate, methods=["POST", "PUT"])
+    app.add_api_route("/abort_request", server.abort_request, methods=["POST"])
+    app.add_api_route("/pause_generation", server.pause_generation, methods=["POST"])
+    app.add_api_route("/continue_generation", server.continue_generation, methods=["POST"])
+    app.add_api_route("/update_weights_from_disk", server.update_weights_from_disk, methods=["POST"])
+    app.add_api_route("/flush_cache", server.flush_cache, methods=["GET", "POST"])
+    app.add_api_route("/health", server.health, methods=["GET"])
+    app.add_api_route("/health_generate", server.health_generate, methods=["GET"])
+    app.add_api_route("/get_model_info", server.get_model_info, methods=["GET"])
+    app.add_api_route("/get_server_info", server.get_server_info, methods=["GET"])
+    app.add_api_route("/get_load", server.get_load, methods=["GET"])
+    app.add_api_route("/metrics", server.prometheus, methods=["GET"])
+    return app
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # serve() owns SIGTERM/SIGINT: they stop uvicorn, then the engine is closed.
+        yield
+
+
+async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float) -> None:
+    """Run the simulated engine behind SGLang's API until SIGTERM or SIGINT; port 0 picks a free port."""
+    engine = SimEngine(model=model, gpu=gpu, tp=tp, clock=Clock(speed))
+    sock = socket.create_server((host, port))
+    server = _Server(uvicorn.Config(build_app(engine), log_level="warning"))
+    loop = asyncio.get_running_loop()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+        await engine.start()
+        bound = sock.getsockname()
+        log.info("%s on %d x %s (time x%g) at http://%s:%d", model, tp, gpu, speed, bound[0], bound[1])
+        await server.serve(sockets=[sock])
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await engine.close()
+        sock.close()
+
+
+def _seed(ids: list[int]) -> str:
+    return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _error(e: ValueError) -> JSONResponse:
+    """SGLang's answer to a request its engine refuses."""
+    return JSONResponse({"error": {"message": str(e)}}, status_code=400)
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    """SGLang answers a body that does not validate with 400 (FastAPI's default is 422)."""
+    return JSONResponse(
+        {"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400},
+        status_code=400,
+    )

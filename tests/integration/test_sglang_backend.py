@@ -1,0 +1,383 @@
+"""The SGLang client against the SGLang-compatible server over the simulated engine, then a rollout worker
+driving that server over NATS, as it would drive a real SGLang."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+import uvicorn
+from nats.aio.client import Client as NATS
+
+from loom.bus import kv_key
+from loom.clock import Clock
+from loom.engine.base import EngineRequest
+from loom.engine.sglang_client import SGLangEngine, SGLangError
+from loom.engine.sglang_server import build_app
+from loom.engine.sim import SimEngine
+from loom.genclient import GenClient
+from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
+from loom.service import Runtime
+from loom_cli.simserver import register
+from services.rollout.__main__ import make_engine
+from services.rollout.settings import RolloutSettings
+from services.rollout.worker import RolloutWorker
+from services.router.router import Router
+from services.router.settings import RouterSettings
+from tests.conftest import Services
+
+SPEED = 500.0
+MODEL = "qwen3-0.6b"
+
+
+class SimServer:
+    """The compat server on a free port, uvicorn in-process, over a sped-up simulated engine."""
+
+    def __init__(self, max_running: int = 64) -> None:
+        self.engine = SimEngine(model=MODEL, clock=Clock(SPEED), max_running=max_running)
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(build_app(self.engine), log_level="warning"))
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.engine.start()
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        await _until(lambda: self._server.started)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        await self.engine.close()
+        self._sock.close()
+
+
+@contextlib.asynccontextmanager
+async def _backend(max_running: int = 64) -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
+    async with SimServer(max_running) as server:
+        client = SGLangEngine(server.url, model=MODEL, poll_s=0.05)
+        await client.start()
+        try:
+            yield server, client
+        finally:
+            await client.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
+    async with _backend() as pair:
+        yield pair
+
+
+async def _until(cond: Callable[[], bool], within_s: float = 10.0) -> None:
+    for _ in range(int(within_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def _req(
+    rid: str, n: int = 200, key: str | None = None, input_len: int = 1000, priority: float = 0
+) -> EngineRequest:
+    return EngineRequest(
+        rid=rid,
+        input_len=input_len,
+        max_new_tokens=n,
+        prefix_key=key or rid,
+        ignore_eos=True,
+        priority=priority,
+    )
+
+
+async def _post(url: str, body: object) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+        return r.status, await r.text()
+
+
+# Through the Engine interface
+
+
+async def test_generate_reports_exact_length_phases_and_the_trajectory_cache(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    _, client = backend
+    assert (client.info.kind, client.info.max_running) == ("sglang", 64)
+    first = await client.generate(_req("t.0", n=300, key="t", input_len=1000))
+    assert (first.output_len, first.finish_reason, first.cached_tokens) == (300, "length", 0)
+    assert first.output_ids is not None and len(first.output_ids) == 300
+    assert first.prefill_s > 0 and first.decode_s > 0
+    # The next step repeats the previous context, generated tokens included, as on real text.
+    second = await client.generate(_req("t.1", n=50, key="t", input_len=1500))
+    assert second.cached_tokens == 1300
+
+
+async def test_concurrent_generates(backend: tuple[SimServer, SGLangEngine]) -> None:
+    server, client = backend
+    outs = await asyncio.gather(*(client.generate(_req(f"c{i}.0", n=100 + i)) for i in range(16)))
+    assert [o.output_len for o in outs] == [100 + i for i in range(16)]
+    assert server.engine.load().generated_tokens == sum(100 + i for i in range(16))
+
+
+async def test_abort_by_rid_and_by_cancelling_the_caller(backend: tuple[SimServer, SGLangEngine]) -> None:
+    server, client = backend
+    # "x.1" is a prefix of "x.10": SGLang aborts by rid prefix, the client's rids must not collide.
+    calls = [asyncio.create_task(client.generate(_req(rid, n=100_000))) for rid in ("x.1", "x.10")]
+    await _until(lambda: server.engine.load().running == 2)
+    assert await client.abort("x.1")
+    out = await asyncio.wait_for(calls[0], 5)
+    assert out.finish_reason == "abort" and out.output_len < 100_000
+    assert not await client.abort("x.1")
+    assert not calls[1].done() and server.engine.load().running == 1
+    assert await client.abort("x.10")
+    assert (await asyncio.wait_for(calls[1], 5)).finish_reason == "abort"
+
+    call = asyncio.create_task(client.generate(_req("y.0", n=100_000)))
+    await _until(lambda: server.engine.load().running == 1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await _until(lambda: server.engine.load().running == 0, within_s=0.5)  # /abort_request, not a timeout
+
+
+async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> None:
+    async with _backend(max_running=1) as (server, client):
+        # The running request has the highest priority: SGLang would preempt a lower one.
+        head = asyncio.create_task(client.generate(_req("head", n=100_000, priority=1000)))
+        await _until(lambda: server.engine.load().running == 1)
+        done: list[str] = []
+        low = asyncio.create_task(client.generate(_req("low", n=10, priority=1)))
+        low.add_done_callback(lambda _: done.append("low"))
+        await _until(lambda: server.engine.load().waiting == 1)
+        high = asyncio.create_task(client.generate(_req("high", n=10, priority=50.4)))
+        high.add_done_callback(lambda _: done.append("high"))
+        await _until(lambda: server.engine.load().waiting == 2)
+        await client.abort("head")
+        await asyncio.gather(head, low, high)
+        assert done == ["high", "low"]
+
+
+async def test_warm_prefix_caches_the_context_for_the_next_request(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    _, client = backend
+    await client.warm_prefix("migrated", 3000)
+    out = await client.generate(_req("m.5", n=20, key="migrated", input_len=3400))
+    assert out.cached_tokens == 3000
+    cold = await client.generate(_req("n.5", n=20, key="never-warmed", input_len=3400))
+    assert cold.cached_tokens == 0
+
+
+async def test_pause_holds_requests_and_continue_finishes_them(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    server, client = backend
+    call = asyncio.create_task(client.generate(_req("p.0", n=100_000)))  # about 0.6 s at this speed
+    await _until(lambda: server.engine.load().running == 1)
+    await asyncio.sleep(0.1)
+    await client.pause()
+    held = server.engine.load().generated_tokens
+    await asyncio.sleep(0.5)
+    assert 0 < server.engine.load().generated_tokens == held < 100_000 and not call.done()
+    await client.resume()
+    out = await asyncio.wait_for(call, 10)
+    assert (out.output_len, out.finish_reason) == (100_000, "length")
+    # SGLang's default pause mode aborts what is in flight; the client asks for "in_place" for that reason.
+    call = asyncio.create_task(client.generate(_req("p.1", n=100_000)))
+    await _until(lambda: server.engine.load().running == 1)
+    assert (await _post(server.url + "/pause_generation", {}))[0] == 200
+    assert (await asyncio.wait_for(call, 5)).finish_reason == "abort"
+    await client.resume()
+
+
+async def test_update_weights_changes_the_reported_version(backend: tuple[SimServer, SGLangEngine]) -> None:
+    server, client = backend
+    assert (await client.generate(_req("w.0", n=5))).weight_version == "default"
+    await client.update_weights("step-7")
+    assert (await client.generate(_req("w.1", n=5))).weight_version == "step-7"
+    async with aiohttp.ClientSession() as s, s.get(server.url + "/get_model_info") as r:
+        assert (await r.json())["weight_version"] == "step-7"
+
+
+async def test_load_figures_move(backend: tuple[SimServer, SGLangEngine]) -> None:
+    _, client = backend
+    assert client.load().running == client.load().generated_tokens == 0
+    calls = [asyncio.create_task(client.generate(_req(f"l{i}.0", n=100_000))) for i in range(4)]
+    await _until(lambda: client.load().running == 4)
+    assert client.load().kv_used_tokens >= 4 * 1000
+    for i in range(4):
+        await client.abort(f"l{i}.0")
+    generated = sum(out.output_len for out in await asyncio.gather(*calls))
+    await _until(lambda: client.load().running == 0 and client.load().generated_tokens == generated > 0)
+
+
+# The HTTP API itself
+
+
+async def test_metrics_and_info_use_sglang_names(backend: tuple[SimServer, SGLangEngine]) -> None:
+    server, client = backend
+    await client.generate(_req("m.0", n=10))
+    async with aiohttp.ClientSession() as s:
+        async with s.get(server.url + "/metrics") as r:
+            text = await r.text()
+        for name in (
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "sglang:token_usage",
+            "sglang:gen_throughput",
+            "sglang:cache_hit_rate",
+            "sglang:prompt_tokens_total",
+            "sglang:generation_tokens_total",
+            "sglang:time_to_first_token_seconds_bucket",
+            "sglang:e2e_request_latency_seconds_count",
+        ):
+            assert f"\n{name}{{" in text, name
+        async with s.get(server.url + "/get_load") as r:
+            assert (await r.json())[0].keys() == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+        for path in ("/health", "/health_generate", "/flush_cache"):
+            async with s.get(server.url + path) as r:
+                assert r.status == 200, path
+
+
+async def test_streaming_ends_with_done(backend: tuple[SimServer, SGLangEngine]) -> None:
+    server, _ = backend
+    body = {"input_ids": list(range(1, 65)), "sampling_params": {"max_new_tokens": 7}, "stream": True}
+    async with aiohttp.ClientSession() as s, s.post(server.url + "/generate", json=body) as r:
+        assert r.content_type == "text/event-stream"
+        events = [line for line in (await r.text()).split("\n") if line]
+    assert events[-1] == "data: [DONE]"
+    chunk = json.loads(events[-2].removeprefix("data: "))
+    assert len(chunk["output_ids"]) == chunk["meta_info"]["completion_tokens"] == 7
+    assert chunk["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+
+
+async def test_malformed_and_oversized_requests_are_bad_requests(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    server, client = backend
+    status, text = await _post(server.url + "/generate", {"input_ids": "not ids"})
+    assert status == 400 and json.loads(text)["code"] == 400
+    status, text = await _post(server.url + "/generate", {"text": "hello"})
+    assert status == 400 and "input_ids" in json.loads(text)["error"]["message"]
+    too_big = client.info.kv_capacity_tokens + 1
+    with pytest.raises(ValueError, match=rf"{server.url}/generate: HTTP 400"):
+        await client.generate(_req("huge.0", n=too_big))
+
+
+async def test_an_unreachable_server_is_a_clear_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(SGLangError, match=re.escape(f"{url}/get_model_info")):
+        await SGLangEngine(url).start()
+
+
+async def test_sim_server_command_serves_until_sigterm() -> None:
+    parser = argparse.ArgumentParser(prog="loom")
+    register(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["sim-server", "--port", "0", "--speed", "50"])
+    assert (args.host, args.model, args.gpu, args.tp, args.speed) == (
+        "127.0.0.1",
+        "qwen3-8b",
+        "h100",
+        1,
+        50.0,
+    )
+
+    code = (
+        "import argparse, sys; from loom_cli.simserver import register; p = argparse.ArgumentParser(); "
+        "register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.run(a))"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        "sim-server",
+        "--port",
+        "0",
+        "--model",
+        MODEL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        url = re.search(r"http://\S+", line)
+        assert url, line
+        async with aiohttp.ClientSession() as s, s.get(url.group(0) + "/get_model_info") as r:
+            assert (await r.json())["model_path"] == MODEL
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+# A rollout worker over NATS, driving the server as it would drive SGLang
+
+
+def test_the_sglang_engine_needs_a_url() -> None:
+    with pytest.raises(ValueError, match="LOOM_ROLLOUT_SGLANG_URL"):
+        make_engine(Runtime("rollout", RolloutSettings()), RolloutSettings(engine="sglang"))
+
+
+async def test_a_request_through_the_router_is_served_by_sglang(nc: NATS, services: Services) -> None:
+    async with SimServer() as server:
+        settings = RolloutSettings(worker_id="wsg", engine="sglang", sglang_url=server.url, speed=SPEED)
+        settings.keepalive_s = 0.2
+        await services.start(
+            "wsg", "rollout", settings, lambda rt: RolloutWorker(rt, settings, make_engine(rt, settings))
+        )
+        holder: list[Router] = []
+
+        def build_router(rt: Runtime) -> Router:
+            holder.append(Router(rt, RouterSettings(registry_s=0.2)))
+            return holder[0]
+
+        await services.start(
+            "router", "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build_router
+        )
+        await _until(lambda: "wsg" in holder[0].workers)
+        kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
+        await kv.put(kv_key("job-1", "t0"), encode(TrajMeta("job-1", "t0", worker_id="wsg")))
+
+        client = GenClient(nc, lease_s=1.0)
+        step = GenRequest(
+            rid="s.0",
+            job_id="job-1",
+            traj_id="t0",
+            step=0,
+            input_len=800,
+            max_new_tokens=120,
+            ignore_eos=True,
+        )
+        first = await asyncio.wait_for(client.generate(step), 20)
+        assert (first.worker_id, first.output_len, first.finish_reason) == ("wsg", 120, "length")
+        assert first.output_ids is not None and len(first.output_ids) == 120
+        step = GenRequest(
+            rid="s.1",
+            job_id="job-1",
+            traj_id="t0",
+            step=1,
+            input_len=1000,
+            max_new_tokens=10,
+            ignore_eos=True,
+        )
+        assert (await asyncio.wait_for(client.generate(step), 20)).cached_tokens == 920
+        assert server.engine.load().generated_tokens == 130
+        workers = await nc.jetstream().key_value(subjects.KV_WORKERS)
+        info = decode((await workers.get("wsg")).value or b"", WorkerInfo)
+        assert (info.engine, info.kv_capacity_tokens) == ("sglang", server.engine.info.kv_capacity_tokens)
+        await services.stop("wsg")
+        await services.stop("router")
