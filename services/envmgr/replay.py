@@ -141,6 +141,7 @@ async def _await_prediction(
         step,
         context_len=context_len,
         generated_tokens=generated,
+        method=p.method,
     )
     await ctx.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
     return p.remaining_tokens

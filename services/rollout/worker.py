@@ -225,7 +225,13 @@ class RolloutWorker:
     async def on_warm(self, w: WarmPrefix, _msg: Msg) -> WarmDone:
         """Migration target: load the trajectory's prefix now, while its tool call runs."""
         key = f"{w.job_id}.{w.traj_id}"
-        await self.engine.warm_prefix(key, w.input_len)
+        importer = getattr(self.engine, "import_prefix", None)
+        if importer is not None:
+            # The simulated engine lands the KV at link bandwidth, as Heddle moves it over GPU-direct RDMA.
+            await importer(key, w.input_len)
+        else:
+            # SGLang has no per-request KV import: a prefill-only request recomputes the prefix.
+            await self.engine.warm_prefix(key, w.input_len)
         self.m_warmed.inc(w.input_len)
         return WarmDone(self.id, key, w.input_len)
 

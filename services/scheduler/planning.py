@@ -10,15 +10,12 @@ import statistics
 from loom.bus import request
 from loom.policies.partition import presorted_dp
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.profiles import generation_duty, worker_profile
+from loom.policies.profiles import placement_profile
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
 from loom.service import Runtime
 
 log = logging.getLogger(__name__)
-
-# Output tokens of a typical agent step (SWE traces: about 270): sets the share of time spent generating.
-STEP_TOKENS = 300.0
 
 
 async def initial_predictions(
@@ -61,30 +58,19 @@ async def plan(
     names = sorted(workers)
     prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]
     context = int(statistics.median(prompts) + statistics.median(preds.values()) / 2)
-    profiles = []
-    for name in names:
-        info = workers[name]
-        base = worker_profile(
-            info.model,
-            info.gpu,
-            info.tp,
+    tool_s = job.spec.tool_latency.mean_s
+    profiles = [
+        placement_profile(
+            workers[n].model,
+            workers[n].gpu,
+            workers[n].tp,
             context_len=context,
-            max_running=info.max_running,
-            duty=1.0,
-            max_group=1,
-        ).per_token_s
-        duty = generation_duty(STEP_TOKENS, base, job.spec.tool_latency.mean_s)
-        profiles.append(
-            worker_profile(
-                info.model,
-                info.gpu,
-                info.tp,
-                context_len=context,
-                max_running=info.max_running,
-                duty=duty,
-                max_group=len(works),
-            )
+            max_running=workers[n].max_running,
+            tool_s=tool_s,
+            max_group=len(works),
         )
+        for n in names
+    ]
     part = presorted_dp([preds[t] for t in ids], profiles)
     assignment = part.assignment()
     return Placement(

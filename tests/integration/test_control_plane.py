@@ -80,7 +80,10 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     await until(lambda: len(router.queues["w1"]) == 2)
     queue = router.queues["w1"].jobs[JOB]
     assert queue.ordered() == [f"{JOB}.tc.0", f"{JOB}.td.0"]
-    await nc.publish(subjects.CONTROL_PRIORITY, encode(PriorityUpdate(JOB, "td", 50_000.0, 50_000.0, 0)))
+    await nc.publish(
+        subjects.CONTROL_PRIORITY,
+        encode(PriorityUpdate(JOB, "td", 50_000.0, 50_000.0, 0, method="progressive")),
+    )
     await until(lambda: queue.ordered() == [f"{JOB}.td.0", f"{JOB}.tc.0"])
     blocker.cancel()  # frees w1: the queue drains in its new order
     done_first, _ = await asyncio.wait({tc0, td0}, return_when=asyncio.FIRST_COMPLETED)
@@ -88,9 +91,19 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     rc = await tc0
     assert rc.worker_id == "w1"
 
-    # 3. During tc's tool call its prediction jumps past everyone's: it migrates to the long-group
+    # 3. A history-based estimate cannot tell siblings apart: however it jumps, nothing migrates.
+    hist = PriorityUpdate(
+        JOB, "tc", 90_000.0, 90_000.0, 0, context_len=1100, generated_tokens=100, method="history"
+    )
+    await nc.publish(subjects.CONTROL_PRIORITY, encode(hist))
+    await until(lambda: router.priorities.get(kv_key(JOB, "tc")) == 90_000.0)
+    assert router.placement[kv_key(JOB, "tc")] == "w1"
+
+    # 4. During tc's tool call its prediction jumps past everyone's: it migrates to the long-group
     #    worker w0, which warms its 1,100-token context before the next step arrives.
-    upd = PriorityUpdate(JOB, "tc", 80_000.0, 80_000.0, 0, context_len=1100, generated_tokens=100)
+    upd = PriorityUpdate(
+        JOB, "tc", 80_000.0, 80_000.0, 0, context_len=1100, generated_tokens=100, method="progressive"
+    )
     await nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
     await until(lambda: router.placement.get(kv_key(JOB, "tc")) == "w0")
     await until(lambda: w0.engine.core.cache.length(kv_key(JOB, "tc")) >= 1100)

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from loom.policies.migration import MigrationPlanner, Move, schedule_transfers
 
 
-def _planner() -> MigrationPlanner:
+def _planner(jump: float = 0.0) -> MigrationPlanner:
     # Planned: 1 trajectory on the fast worker A, 3 on B, 6 on C (longest first).
-    p = MigrationPlanner(["A", "B", "C"], [1, 3, 6])
+    p = MigrationPlanner(["A", "B", "C"], [1, 3, 6], jump=jump)
     lengths = [100, 90, 80, 70, 60, 50, 40, 30, 20, 10]
     plan = ["A", "B", "B", "B", "C", "C", "C", "C", "C", "C"]
     for i, (n, w) in enumerate(zip(lengths, plan, strict=True)):
@@ -23,6 +23,15 @@ def test_a_prediction_jump_moves_a_trajectory_to_the_long_group() -> None:
     assert mv == Move("t9", "C", "B", 95)
     mv = p.update("t9", 500)  # now the longest of all -> A
     assert mv == Move("t9", "C", "A", 500)
+
+
+def test_only_a_prediction_jump_moves_a_trajectory() -> None:
+    p = _planner(jump=0.5)
+    assert p.update("t9", 14) is None  # +40%: rank 8 -> still C, and below the jump anyway
+    assert p.update("t4", 85) is None  # 60 -> 85 crosses into B's range but is only +42%
+    assert p.update("t4", 95) == Move("t4", "C", "B", 95)  # +58% since it was placed
+    p.moved("t4", "B")
+    assert p.update("t4", 120) is None  # measured from where it was last placed: +26%
 
 
 def test_partition_sizes_scale_with_active_trajectories() -> None:

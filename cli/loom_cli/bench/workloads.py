@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from loom.policies.partition import WorkerProfile
-from loom.policies.profiles import generation_duty, worker_profile
+from loom.policies.profiles import placement_profile
 from loom.traces import load_traces
 
 # Heddle Table 1: mean tool time per call of the coding agent (0.41-0.46 s).
 CODING_TOOL_S = 0.43
-STEP_TOKENS = 300.0
 
 
 def swe_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -22,10 +21,6 @@ def swe_lengths(n: int, seed: int = 0) -> np.ndarray:
 def profile(
     model: str, gpu: str, tp: int, n: int, context_len: int = 16_384, max_running: int = 256
 ) -> WorkerProfile:
-    base = worker_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, duty=1.0, max_group=1
-    )
-    duty = generation_duty(STEP_TOKENS, base.per_token_s, CODING_TOOL_S)
-    return worker_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, duty=duty, max_group=n
+    return placement_profile(
+        model, gpu, tp, context_len=context_len, max_running=max_running, tool_s=CODING_TOOL_S, max_group=n
     )

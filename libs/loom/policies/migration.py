@@ -5,6 +5,10 @@ Instead of re-running the DP, the planned group sizes s_1..s_m are scaled by n*/
 still active), and the trajectory belongs to the worker whose scaled range holds its rank. If that is not
 its current worker it migrates, during its tool call. Transfers are batched longest first, and a batch
 never uses a worker twice as source or destination (endpoint exclusivity).
+
+Only a prediction that moved by at least ``jump`` (relative) since the trajectory was last placed can move
+it: near-tied predictions reshuffle ranks at every step, and without this threshold trajectories would
+ping-pong across group boundaries, paying a KV transfer each time for nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ class Move:
 
 
 class MigrationPlanner:
-    def __init__(self, group_workers: Sequence[str], group_sizes: Sequence[int]) -> None:
+    def __init__(self, group_workers: Sequence[str], group_sizes: Sequence[int], jump: float = 0.5) -> None:
         """``group_workers[i]`` serves the i-th longest group, of ``group_sizes[i]`` trajectories."""
         if len(group_workers) != len(group_sizes) or not group_workers:
             raise ValueError("one size per group, at least one group")
@@ -33,14 +37,18 @@ class MigrationPlanner:
         self._ranked: list[tuple[float, str]] = []  # (-predicted length, traj), ascending = longest first
         self._pred: dict[str, float] = {}
         self.where: dict[str, str] = {}
+        self.jump = jump
+        self._placed_at: dict[str, float] = {}  # prediction when the trajectory was last placed
 
     def add(self, traj: str, predicted: float, worker: str) -> None:
         self._set(traj, predicted)
         self.where[traj] = worker
+        self._placed_at[traj] = predicted
 
     def finish(self, traj: str) -> None:
         self._drop(traj)
         self.where.pop(traj, None)
+        self._placed_at.pop(traj, None)
 
     @property
     def active(self) -> int:
@@ -65,14 +73,18 @@ class MigrationPlanner:
     def update(self, traj: str, predicted: float) -> Move | None:
         """Record a new prediction; returns the move it calls for, if any."""
         self._set(traj, predicted)
-        dst = self.target(self.rank(traj))
         src = self.where.get(traj)
-        if src is None or src == dst:
+        placed = self._placed_at.get(traj, predicted)
+        if src is None or abs(predicted - placed) < self.jump * max(placed, 1.0):
+            return None
+        dst = self.target(self.rank(traj))
+        if src == dst:
             return None
         return Move(traj, src, dst, predicted)
 
     def moved(self, traj: str, worker: str) -> None:
         self.where[traj] = worker
+        self._placed_at[traj] = self._pred.get(traj, 0.0)
 
     def _set(self, traj: str, predicted: float) -> None:
         self._drop(traj)

@@ -43,3 +43,20 @@ def generation_duty(step_tokens: float, per_token_s: float, tool_s: float) -> fl
     """Share of a trajectory's time spent generating, for one step of ``step_tokens`` then a tool call."""
     gen = step_tokens * per_token_s
     return gen / (gen + tool_s) if gen + tool_s > 0 else 1.0
+
+
+# Output tokens of a typical agent step (SWE traces: about 270): sets the share of time spent generating.
+STEP_TOKENS = 300.0
+
+
+def placement_profile(
+    model: str, gpu: str, tp: int, *, context_len: int, max_running: int, tool_s: float, max_group: int
+) -> WorkerProfile:
+    """A worker's profile for a job whose steps are followed by tool calls of ``tool_s`` on average."""
+    base = worker_profile(
+        model, gpu, tp, context_len=context_len, max_running=max_running, duty=1.0, max_group=1
+    )
+    duty = generation_duty(STEP_TOKENS, base.per_token_s, tool_s)
+    return worker_profile(
+        model, gpu, tp, context_len=context_len, max_running=max_running, duty=duty, max_group=max_group
+    )

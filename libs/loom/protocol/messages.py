@@ -330,6 +330,7 @@ class PriorityUpdate(Struct):
     # The trajectory's context so far: what a migration target must warm before its next step.
     context_len: NonNeg = 0
     generated_tokens: NonNeg = 0
+    method: str = ""  # the predictor that produced it (Prediction.method)
 
 
 class WarmPrefix(Struct):
