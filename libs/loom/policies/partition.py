@@ -198,47 +198,54 @@ def _solve_parametric(
     if n == 0:
         return [(0, 0)] * m
     csum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    unit_items = bool(csum[-1] == n)  # no aggregation: item i is trajectory i, sizes are index differences
     tables = _tables(workers, int(csum[-1]))
-    speeds = np.array([p.per_token_s for p in workers])
-    head = np.concatenate([heads, [0.0]])
+    speeds = [p.per_token_s for p in workers]
+    # Zero-length trajectories fit anywhere; a tiny head keeps every division finite. Past the end, a
+    # worker with nothing left takes "everything" (nothing).
+    head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
 
-    def fill(targets: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """Greedy fill for every target at once: group starts (m+1, K) and the makespans (inf where the
-        trajectories did not all fit)."""
-        k = len(targets)
-        starts = np.zeros((m + 1, k), dtype=np.int64)
-        span = np.zeros(k)
+    def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Greedy fill for every target at once: the group starts, (m+1, K); all fit where the last is n."""
+        starts = np.zeros((m + 1, len(targets)), dtype=np.int64)
+        start = starts[0]
         for j in range(m):
-            start = starts[j]
-            unit = head[start] * speeds[j]
-            with np.errstate(divide="ignore"):
-                limit = np.where(unit > 0, targets / unit, np.inf)
-            size = np.searchsorted(tables[j], limit, side="right") - 1
-            end = np.searchsorted(csum, csum[start] + size, side="right") - 1
-            end = np.maximum(end, start)
+            size = np.searchsorted(tables[j], targets / (head[start] * speeds[j]), side="right") - 1
+            if unit_items:
+                end = np.minimum(start + size, n)
+            else:
+                end = np.searchsorted(csum, csum[start] + size, side="right") - 1
             starts[j + 1] = end
-            grouped = csum[end] - csum[start]
-            span = np.maximum(span, np.where(grouped > 0, unit * tables[j][grouped], 0.0))
-        return starts, np.where(starts[m] == n, span, np.inf)
+            start = end
+        return starts
 
-    lo = float(heads[0] * speeds.min())  # the longest trajectory alone on the fastest worker (F(1) = 1)
-    starts, spans = fill(np.array([lo, np.inf]))
-    if np.isfinite(spans[0]):
+    def span(cuts: NDArray[np.int64]) -> float:
+        worst = 0.0
+        for j, (a, b) in enumerate(itertools.pairwise(cuts.tolist())):
+            if b > a:
+                worst = max(worst, heads[a] * speeds[j] * tables[j][csum[b] - csum[a]])
+        return float(worst)
+
+    lo = float(heads[0] * min(speeds))  # the longest trajectory alone on the fastest worker (F(1) = 1)
+    starts = fill(np.array([lo, np.inf]))
+    if starts[m, 0] == n:
         return _cuts(starts[:, 0])
-    best, hi = starts[:, 1], float(spans[1])
+    best = starts[:, 1]
+    hi = span(best)
     while hi > lo * (1 + 1e-12):
-        targets = np.geomspace(lo, hi, PROBES + 2)[1:-1]
-        starts, spans = fill(targets)
-        ok = np.isfinite(spans)
-        if ok.any():
-            i = int(np.argmin(np.where(ok, spans, np.inf)))
-            if spans[i] < hi:
-                best, hi = starts[:, i], float(spans[i])
-        failed = targets[~ok]
-        if failed.size:
-            lo = max(lo, float(failed.max()))
-        if not failed.size and not ok.any():
+        # Ascending targets, the last just below the best makespan found. Feasibility is monotone in the
+        # target, so if even that one fails, the best found is optimal.
+        targets = np.append(np.geomspace(lo, hi, PROBES + 1)[1:-1], hi * (1 - 1e-12))
+        ok = fill(targets)
+        fits = ok[m] == n
+        if not fits[-1]:
             break
+        i = int(np.argmax(fits))  # the smallest target that fits: its makespan is at most that target
+        got = span(ok[:, i])
+        if got < hi:
+            best, hi = ok[:, i], got
+        if i > 0:
+            lo = float(targets[i - 1])
     return _cuts(best)
 
 
