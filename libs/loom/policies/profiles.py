@@ -1,62 +1,104 @@
-"""Worker profiles for placement, from the engine performance model (Heddle §5.2, "Interference Factor").
+"""Worker profiles for placement, from a simulation of trajectory groups on the engine model (Heddle §5.2,
+"Interference Factor": per-token time profiled against batch size, fed to a simulator of the group).
 
-F(g) is the slowdown of a group of g trajectories sharing one worker. A trajectory generates only part of
-the time (the rest is tool calls), so g trajectories keep about g * duty sequences decoding; per-token
-time follows the engine model's batch curve up to the engine's batch limit (its ``max_running``, or as many
-contexts as its KV cache holds), and past it the extra trajectories queue, stretching time in proportion. F is normalised to F(1) = 1 and kept nondecreasing.
+F(g) is how much slower a trajectory generates when g of them share one worker: g trajectories, each
+alternating generation steps and tool calls, run on the calibrated simulated engine in virtual time, and
+F(g) = their generation time per token / the base per-token time T at batch 1. The simulation captures
+what a closed form would have to guess: the decode batch is only the trajectories not in a tool call, the
+engine's batch limit and KV capacity make the rest queue, and prefills of returning steps interleave.
+Sizes are simulated on a geometric grid and interpolated; results are cached per engine kind.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from functools import lru_cache
+
 import numpy as np
 
-from loom.engine.interference import interference_table
-from loom.engine.perf import PerfModel
+from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.interference import context_bucket, interference_table
+from loom.engine.sim_core import build_core
+from loom.engine.virtual import VirtualSim
 from loom.policies.partition import WorkerProfile
 
-
-def group_interference(
-    batch_factors: tuple[float, ...], max_group: int, duty: float, max_running: int
-) -> np.ndarray:
-    if not 0 < duty <= 1:
-        raise ValueError(f"duty must be in (0, 1], got {duty}")
-    g = np.arange(max_group + 1, dtype=np.float64)
-    active = np.maximum(g * duty, 1.0)
-    batch = np.minimum(np.rint(active), min(max_running, len(batch_factors))).astype(np.int64)
-    f = np.asarray(batch_factors)[batch - 1]
-    f = f * np.maximum(active / max_running, 1.0)
-    f = np.maximum.accumulate(f / f[1] if max_group >= 1 else f)
-    f[0] = 0.0
-    return f
+# Output tokens of a typical agent step (SWE traces: about 270) and the observation a tool adds.
+STEP_TOKENS = 300
+OBSERVATION_TOKENS = 200
+STEPS = 4  # steps per simulated trajectory: enough to reach a steady mix of prefills, decodes and tools
+GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def worker_profile(
-    model: str, gpu: str, tp: int, *, context_len: int, max_running: int, duty: float, max_group: int
-) -> WorkerProfile:
-    table = interference_table(model, gpu, tp, context_len)
-    fits = PerfModel(gpu, model, tp).kv_capacity_tokens() // max(1, context_len)
-    limit = max(1, min(max_running, fits))
-    return WorkerProfile(table.base_s, group_interference(table.factors, max_group, duty, limit))
+def simulate_group(
+    model: str,
+    gpu: str,
+    tp: int,
+    size: int,
+    *,
+    context_len: int,
+    tool_s: float,
+    max_running: int,
+    seed: int = 0,
+) -> float:
+    """Mean generation time per token (simulated seconds) of ``size`` trajectories sharing one engine."""
+    sim = VirtualSim()
+    engine = sim.add_engine(build_core(model, gpu, tp, max_running=max_running))
+    rng = random.Random(seed)
+    gen_time = [0.0] * size
+    cycle = STEP_TOKENS * interference_table(model, gpu, tp, context_len).base_s + tool_s
+
+    def step(i: int, k: int, context: int) -> None:
+        started = sim.now
+
+        def done(out: EngineOutput) -> None:
+            gen_time[i] += sim.now - started
+            if k + 1 < STEPS:
+                nxt = context + STEP_TOKENS + OBSERVATION_TOKENS
+                sim.call_at(sim.now + tool_s * rng.expovariate(1.0), lambda: step(i, k + 1, nxt))
+
+        req = EngineRequest(f"g{i}.{k}", context, STEP_TOKENS, prefix_key=f"g{i}", ignore_eos=True)
+        sim.submit(engine, req, done)
+
+    def start(i: int) -> Callable[[], None]:
+        return lambda: step(i, 0, context_len)
+
+    for i in range(size):
+        # Trajectories of a rollout are at different points of their steps: spread the starts over a cycle.
+        sim.call_at(rng.uniform(0.0, cycle), start(i))
+    sim.run()
+    return sum(gen_time) / (size * STEPS * STEP_TOKENS)
 
 
-def generation_duty(step_tokens: float, per_token_s: float, tool_s: float) -> float:
-    """Share of a trajectory's time spent generating, for one step of ``step_tokens`` then a tool call."""
-    gen = step_tokens * per_token_s
-    return gen / (gen + tool_s) if gen + tool_s > 0 else 1.0
-
-
-# Output tokens of a typical agent step (SWE traces: about 270): sets the share of time spent generating.
-STEP_TOKENS = 300.0
+@lru_cache(maxsize=256)
+def _grid_factors(
+    model: str, gpu: str, tp: int, context_len: int, tool_ms: int, max_running: int, top: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    sizes = tuple(g for g in GRID if g <= top) or (1,)
+    if sizes[-1] < top:
+        sizes = (*sizes, top)
+    tool_s = tool_ms / 1000.0
+    times = [
+        simulate_group(model, gpu, tp, g, context_len=context_len, tool_s=tool_s, max_running=max_running)
+        for g in sizes
+    ]
+    return sizes, tuple(t / times[0] for t in times)
 
 
 def placement_profile(
     model: str, gpu: str, tp: int, *, context_len: int, max_running: int, tool_s: float, max_group: int
 ) -> WorkerProfile:
-    """A worker's profile for a job whose steps are followed by tool calls of ``tool_s`` on average."""
-    base = worker_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, duty=1.0, max_group=1
+    """T and F(0..max_group) of one worker kind for a job whose steps are followed by ``tool_s`` tools."""
+    bucket = context_bucket(context_len)
+    top = max(1, min(max_group, GRID[-1]))
+    sizes, factors = _grid_factors(
+        model.lower(), gpu.lower(), tp, bucket, round(tool_s * 1000), max_running, top
     )
-    duty = generation_duty(STEP_TOKENS, base.per_token_s, tool_s)
-    return worker_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, duty=duty, max_group=max_group
-    )
+    g = np.arange(max_group + 1, dtype=np.float64)
+    f = np.interp(g, sizes, factors)
+    if max_group > sizes[-1] and len(sizes) > 1:
+        # Past the largest simulated group the worker is saturated: time grows in proportion to the group.
+        f[sizes[-1] + 1 :] = factors[-1] * g[sizes[-1] + 1 :] / sizes[-1]
+    f = np.maximum.accumulate(np.maximum(f, 1.0))
+    f[0] = 0.0
+    return WorkerProfile(interference_table(model, gpu, tp, bucket).base_s, f)
