@@ -44,9 +44,9 @@ async def start_router(services: Services, key: str = "router") -> Router:
     return holder[0]
 
 
-async def until(cond: Callable[[], bool], within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.05)):
+async def until(cond: Callable[[], bool], within_s: float = 10.0, poll_s: float = 0.05) -> None:
+    for _ in range(int(within_s / poll_s)):
         if cond():
             return
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(poll_s)
     raise AssertionError("condition not reached")

@@ -11,7 +11,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -34,6 +34,7 @@ from services.rollout.worker import RolloutWorker
 from services.router.router import Router
 from services.router.settings import RouterSettings
 from tests.conftest import Services
+from tests.integration.helpers import until
 
 SPEED = 500.0
 MODEL = "qwen3-0.6b"
@@ -52,7 +53,7 @@ class SimServer:
     async def __aenter__(self) -> SimServer:
         await self.engine.start()
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        await _until(lambda: self._server.started)
+        await until(lambda: self._server.started, poll_s=0.01)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -78,14 +79,6 @@ async def _backend(max_running: int = 64) -> AsyncIterator[tuple[SimServer, SGLa
 async def backend() -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
     async with _backend() as pair:
         yield pair
-
-
-async def _until(cond: Callable[[], bool], within_s: float = 10.0) -> None:
-    for _ in range(int(within_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def _req(
@@ -134,7 +127,7 @@ async def test_abort_by_rid_and_by_cancelling_the_caller(backend: tuple[SimServe
     server, client = backend
     # "x.1" is a prefix of "x.10": SGLang aborts by rid prefix, the client's rids must not collide.
     calls = [asyncio.create_task(client.generate(_req(rid, n=100_000))) for rid in ("x.1", "x.10")]
-    await _until(lambda: server.engine.load().running == 2)
+    await until(lambda: server.engine.load().running == 2, poll_s=0.01)
     assert await client.abort("x.1")
     out = await asyncio.wait_for(calls[0], 5)
     assert out.finish_reason == "abort" and out.output_len < 100_000
@@ -144,25 +137,25 @@ async def test_abort_by_rid_and_by_cancelling_the_caller(backend: tuple[SimServe
     assert (await asyncio.wait_for(calls[1], 5)).finish_reason == "abort"
 
     call = asyncio.create_task(client.generate(_req("y.0", n=100_000)))
-    await _until(lambda: server.engine.load().running == 1)
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    await _until(lambda: server.engine.load().running == 0, within_s=0.5)  # /abort_request, not a timeout
+    await until(lambda: server.engine.load().running == 0, within_s=0.5)  # /abort_request, not a timeout
 
 
 async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> None:
     async with _backend(max_running=1) as (server, client):
         # The running request has the highest priority: SGLang would preempt a lower one.
         head = asyncio.create_task(client.generate(_req("head", n=100_000, priority=1000)))
-        await _until(lambda: server.engine.load().running == 1)
+        await until(lambda: server.engine.load().running == 1, poll_s=0.01)
         done: list[str] = []
         low = asyncio.create_task(client.generate(_req("low", n=10, priority=1)))
         low.add_done_callback(lambda _: done.append("low"))
-        await _until(lambda: server.engine.load().waiting == 1)
+        await until(lambda: server.engine.load().waiting == 1, poll_s=0.01)
         high = asyncio.create_task(client.generate(_req("high", n=10, priority=50.4)))
         high.add_done_callback(lambda _: done.append("high"))
-        await _until(lambda: server.engine.load().waiting == 2)
+        await until(lambda: server.engine.load().waiting == 2, poll_s=0.01)
         await client.abort("head")
         await asyncio.gather(head, low, high)
         assert done == ["high", "low"]
@@ -184,7 +177,7 @@ async def test_pause_holds_requests_and_continue_finishes_them(
 ) -> None:
     server, client = backend
     call = asyncio.create_task(client.generate(_req("p.0", n=100_000)))  # about 0.6 s at this speed
-    await _until(lambda: server.engine.load().running == 1)
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
     await asyncio.sleep(0.1)
     await client.pause()
     held = server.engine.load().generated_tokens
@@ -195,7 +188,7 @@ async def test_pause_holds_requests_and_continue_finishes_them(
     assert (out.output_len, out.finish_reason) == (100_000, "length")
     # SGLang's default pause mode aborts what is in flight; the client asks for "in_place" for that reason.
     call = asyncio.create_task(client.generate(_req("p.1", n=100_000)))
-    await _until(lambda: server.engine.load().running == 1)
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
     assert (await _post(server.url + "/pause_generation", {}))[0] == 200
     assert (await asyncio.wait_for(call, 5)).finish_reason == "abort"
     await client.resume()
@@ -214,12 +207,14 @@ async def test_load_figures_move(backend: tuple[SimServer, SGLangEngine]) -> Non
     _, client = backend
     assert client.load().running == client.load().generated_tokens == 0
     calls = [asyncio.create_task(client.generate(_req(f"l{i}.0", n=100_000))) for i in range(4)]
-    await _until(lambda: client.load().running == 4)
+    await until(lambda: client.load().running == 4, poll_s=0.01)
     assert client.load().kv_used_tokens >= 4 * 1000
     for i in range(4):
         await client.abort(f"l{i}.0")
     generated = sum(out.output_len for out in await asyncio.gather(*calls))
-    await _until(lambda: client.load().running == 0 and client.load().generated_tokens == generated > 0)
+    await until(
+        lambda: client.load().running == 0 and client.load().generated_tokens == generated > 0, poll_s=0.01
+    )
 
 
 # The HTTP API itself
@@ -348,7 +343,7 @@ async def test_a_request_through_the_router_is_served_by_sglang(nc: NATS, servic
         await services.start(
             "router", "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build_router
         )
-        await _until(lambda: "wsg" in holder[0].workers)
+        await until(lambda: "wsg" in holder[0].workers, poll_s=0.01)
         kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
         await kv.put(kv_key("job-1", "t0"), encode(TrajMeta("job-1", "t0", worker_id="wsg")))
 
