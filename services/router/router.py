@@ -17,8 +17,8 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from loom.bus import kv_key, request
-from loom.policies.migration import MigrationPlanner, Move, schedule_transfers
+from loom.bus import kv_key
+from loom.policies.migration import MigrationPlanner, Move
 from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.queueing import WorkerQueue
@@ -38,8 +38,6 @@ from loom.protocol import (
     ResolvedPolicy,
     TrajDone,
     TrajMeta,
-    WarmDone,
-    WarmPrefix,
     WorkerDone,
     WorkerInfo,
     WorkerLoad,
@@ -50,6 +48,7 @@ from loom.protocol import (
 from loom.service import Runtime
 from loom.workers import read_workers
 from services.router.settings import RouterSettings
+from services.router.transfers import Transfers
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +91,7 @@ class Router:
         self.rid_worker: dict[str, str] = {}
         self.rid_req: dict[str, GenRequest] = {}
         self.rr = RoundRobinPlacement()
-        self.pending_moves: dict[str, tuple[Move, int]] = {}  # traj -> (move, context to warm)
-        self.busy: set[str] = set()  # workers sending or receiving a transfer now
-        self.transfers: set[asyncio.Task[None]] = set()
+        self.transfers = Transfers(rt, self._apply_move)
         self.wake = asyncio.Event()
         m = rt.metrics
         self.m_requests = m.counter("requests_total", "Generation requests received")
@@ -102,8 +99,6 @@ class Router:
         self.m_queue_wait = m.histogram("queue_wait_seconds", "Time queued in the router (wall)")
         self.m_queued = m.gauge("queued", "Requests waiting in the router", ["worker"])
         self.m_migrations = m.counter("reassignments_total", "Trajectories moved off a dead worker")
-        self.m_moves = m.counter("migrations_total", "Trajectories migrated after a prediction update")
-        self.m_warm = m.histogram("warm_seconds", "Time to warm a migration target's prefix (wall)")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,9 +123,7 @@ class Router:
                 await rt.stopping.wait()
                 self.wake.set()
         finally:
-            for t in self.transfers:
-                t.cancel()
-            await asyncio.gather(*self.transfers, return_exceptions=True)
+            await self.transfers.close()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -138,7 +131,7 @@ class Router:
             "queued": {w: len(q) for w, q in self.queues.items() if len(q)},
             "forwarded": {w: len(f) for w, f in self.forwarded.items() if f},
             "trajectories": len(self.placement),
-            "migrations_pending": len(self.pending_moves),
+            "migrations_pending": len(self.transfers.pending),
         }
 
     # ------------------------------------------------------------------ per-job policies
@@ -389,8 +382,7 @@ class Router:
         await self.on_abort(AbortRequest(job_id=c.job_id), msg)
         for key in [k for k in self.placement if k.startswith(c.job_id + ".")]:
             del self.placement[key]
-        for key in [k for k in self.pending_moves if k.startswith(c.job_id + ".")]:
-            del self.pending_moves[key]
+        self.transfers.forget_job(c.job_id)
         self.jobs.pop(c.job_id, None)
 
     async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
@@ -407,42 +399,20 @@ class Router:
         remaining = p.predicted_remaining if p.predicted_remaining is not None else p.priority
         move = jr.planner.update(key, remaining)
         if move is not None and move.dst in self.workers:
-            self.pending_moves[key] = (move, p.context_len)
-            await self._start_transfers()
+            await self.transfers.submit(move, p.context_len)
 
-    async def _start_transfers(self) -> None:
-        """Heddle's transmission scheduler: longest trajectories first, no endpoint used twice at once."""
-        for mv in schedule_transfers([m for m, _ in self.pending_moves.values()], self.busy):
-            _, context = self.pending_moves.pop(mv.traj)
-            job_id, traj_id = mv.traj.split(".", 1)
-            jr = self.jobs.get(job_id)
-            if jr is None or jr.planner is None:
-                continue
-            # The trajectory's next step goes to the target from now on; the warm-up races its tool call.
-            self.placement[mv.traj] = mv.dst
-            jr.planner.moved(mv.traj, mv.dst)
-            meta = TrajMeta(job_id=job_id, traj_id=traj_id, worker_id=mv.dst, state="running")
-            await self.kv_traj.put(mv.traj, encode(meta))
-            self.m_moves.inc()
-            log.info("migrating %s from %s to %s (predicted %.0f tokens)", mv.traj, mv.src, mv.dst, mv.length)
-            self.busy.update((mv.src, mv.dst))
-            t = asyncio.create_task(self._warm(mv, job_id, traj_id, context))
-            self.transfers.add(t)
-            t.add_done_callback(self.transfers.discard)
-
-    async def _warm(self, mv: Move, job_id: str, traj_id: str, context: int) -> None:
-        t0 = time.time()
-        try:
-            if context > 0:
-                warm = WarmPrefix(job_id, traj_id, context, source=mv.src)
-                await request(self.rt.nc, subjects.worker_warm(mv.dst), warm, WarmDone, timeout_s=120)
-        except Exception as e:
-            log.warning("warming %s on %s failed: %s", mv.traj, mv.dst, e)
-        finally:
-            self.m_warm.observe(time.time() - t0)
-            self.busy.difference_update((mv.src, mv.dst))
-            if self.pending_moves:
-                await self._start_transfers()
+    async def _apply_move(self, mv: Move) -> bool:
+        """The trajectory's next step goes to the target from now on; the warm-up races its tool call."""
+        job_id, traj_id = mv.traj.split(".", 1)
+        jr = self.jobs.get(job_id)
+        if jr is None or jr.planner is None or mv.dst not in self.workers:
+            return False
+        self.placement[mv.traj] = mv.dst
+        jr.planner.moved(mv.traj, mv.dst)
+        meta = TrajMeta(job_id=job_id, traj_id=traj_id, worker_id=mv.dst, state="running")
+        await self.kv_traj.put(mv.traj, encode(meta))
+        log.info("migrating %s from %s to %s (predicted %.0f tokens)", mv.traj, mv.src, mv.dst, mv.length)
+        return True
 
     async def on_placement(self, p: Placement, _msg: Msg) -> None:
         for traj, w in p.assignments.items():
@@ -457,7 +427,7 @@ class Router:
         self.priorities.pop(key, None)
         self.first_seen.pop(key, None)
         self.served.pop(key, None)
-        self.pending_moves.pop(key, None)
+        self.transfers.forget(key)
         jr = self.jobs.get(ev.job_id)
         if jr is not None:
             if jr.planner is not None:

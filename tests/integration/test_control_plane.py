@@ -112,4 +112,4 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     assert nxt.cached_tokens >= 1100  # the warmed prefix was used: only the new 100 tokens prefilled
     # td's own jump (50,000 > ta's 9,000) had already moved it to w0 for its next step: two migrations.
     assert router.placement[kv_key(JOB, "td")] == "w0"
-    assert router.m_moves._value.get() == 2
+    assert router.transfers.m_moves._value.get() == 2
