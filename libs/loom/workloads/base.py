@@ -1,0 +1,55 @@
+"""A workload: GRPO-style groups of multi-turn trajectories, each a list of LLM calls and the environment
+time that follows them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Heddle §7: every rollout caps a trajectory's output at 40K tokens.
+MAX_OUTPUT = 40_960
+
+
+@dataclass(frozen=True)
+class WorkStep:
+    input_len: int  # context tokens of the call
+    output_len: int  # tokens it generates
+    env_s: float  # environment time after it (tool, or user simulator); 0 after the last call
+
+
+@dataclass(frozen=True)
+class WorkTraj:
+    id: str
+    prompt: str  # the group: samples of one prompt share it
+    sample: int
+    steps: tuple[WorkStep, ...]
+    reward: float | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(s.output_len for s in self.steps)
+
+
+@dataclass
+class Workload:
+    name: str
+    source: str  # how it was built, for the report
+    trajectories: list[WorkTraj] = field(default_factory=list)
+
+    @property
+    def groups(self) -> int:
+        return len({t.prompt for t in self.trajectories})
+
+
+def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[WorkStep, ...]:
+    """Cut a trajectory where its output reaches ``max_output`` tokens (the last call is truncated)."""
+    out, budget = [], max_output
+    for s in steps:
+        n = min(s.output_len, budget)
+        budget -= n
+        out.append(WorkStep(s.input_len, max(1, n), s.env_s if budget > 0 else 0.0))
+        if budget <= 0:
+            break
+    if out:
+        last = out[-1]
+        out[-1] = WorkStep(last.input_len, last.output_len, 0.0)
+    return tuple(out)

@@ -1,0 +1,69 @@
+"""Workloads built from the recorded traces: sizes, groups, token counts, the 40K output cap."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+from loom.tokenizer import count_tokens, qwen_tokenizer
+from loom.workloads import coding, search, tool_use
+from loom.workloads.base import MAX_OUTPUT, WorkStep, cap_output
+from loom.workloads.search import parse_runs
+from tests.conftest import need_shared
+
+
+def test_qwen_tokenizer_matches_qwen_ids() -> None:
+    need_shared("data/tokenizer/qwen.tiktoken")
+    assert qwen_tokenizer().encode_ordinary("Hello world") == [9707, 1879]
+    assert count_tokens("") == 0
+
+
+def test_coding_groups_replay_one_run_with_their_own_tool_times() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    w = coding(prompts=3, group_size=4, seed=1)
+    assert w.groups == 3 and len(w.trajectories) == 12
+    g = [t for t in w.trajectories if t.prompt == w.trajectories[0].prompt]
+    assert len({t.output_tokens for t in g}) == 1  # the same recorded run
+    assert len({t.steps[0].env_s for t in g}) == 4  # different tool draws
+    assert coding(prompts=3, group_size=4, seed=1).trajectories == w.trajectories  # deterministic
+    full = coding(group_size=1)
+    assert statistics.median(t.output_tokens for t in full.trajectories) == 9613  # data/README.md: 9.6k
+    assert max(t.output_tokens for t in full.trajectories) == MAX_OUTPUT
+
+
+def test_search_groups_are_real_trials_of_one_question() -> None:
+    need_shared("data/traces/hotpotqa-react-100q-5trials.txt.gz")
+    w = search()
+    assert w.groups == 100 and len(w.trajectories) == 500
+    lengths: dict[str, set[int]] = {}
+    for t in w.trajectories:
+        lengths.setdefault(t.prompt, set()).add(t.output_tokens)
+    assert sum(len(v) > 1 for v in lengths.values()) == 26  # the logged agent was nearly deterministic
+    assert 0.2 < statistics.fmean(t.reward or 0.0 for t in w.trajectories) < 0.5  # the logs: ~34% correct
+    assert all(a.input_len < b.input_len for t in w.trajectories for a, b in itertools.pairwise(t.steps))
+
+
+def test_react_log_parsing() -> None:
+    log = (
+        "Question: Who?\nThought 1: search it\nAction 1: Search[X]\nObservation 1: X is a\nthing.\n"
+        "Thought 2: done\nAction 2: Finish[X]\nObservation 2: Answer is CORRECT\nCorrect answer: X\n\n"
+        "Question: Why?\nThought 1: hm\nAction 1: Finish[no]\nObservation 1: Answer is INCORRECT\n"
+    )
+    runs = parse_runs(log)
+    assert [(q, len(s), ok) for q, s, ok in runs] == [("Who?", 2, True), ("Why?", 1, False)]
+    assert runs[0][1][0] == ("Thought 1: search it\nAction 1: Search[X]", "X is a\nthing.")
+
+
+def test_tool_use_groups_are_tau_bench_trials() -> None:
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    w = tool_use()
+    assert w.groups == 40 and len(w.trajectories) == 160
+    t = w.trajectories[0]
+    assert t.steps[-1].env_s == 0.0 and all(s.env_s > 0 for s in t.steps[:-1])
+    assert all(a.input_len < b.input_len for a, b in itertools.pairwise(t.steps))
+
+
+def test_output_cap_truncates_the_last_call() -> None:
+    steps = [WorkStep(10, 30_000, 1.0), WorkStep(20, 30_000, 1.0), WorkStep(30, 5, 1.0)]
+    capped = cap_output(steps)
+    assert [s.output_len for s in capped] == [30_000, MAX_OUTPUT - 30_000] and capped[-1].env_s == 0.0
