@@ -67,13 +67,14 @@ def build_core(
     mem_fraction: float = 0.9,
     max_running: int = 256,
     start: float = 0.0,
+    preempt_threshold: float | None = 10.0,
 ) -> SimCore:
     """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights."""
     perf = PerfModel(gpu, model, tp)
     capacity = perf.kv_capacity_tokens(mem_fraction)
     if capacity <= 0:
         raise ValueError(f"{model} does not fit on {tp} x {gpu} at mem_fraction {mem_fraction}")
-    return SimCore(perf, capacity, max_running=max_running, start=start)
+    return SimCore(perf, capacity, max_running=max_running, start=start, preempt_threshold=preempt_threshold)
 
 
 class SimCore:

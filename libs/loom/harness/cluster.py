@@ -1,0 +1,58 @@
+"""The rollout workers of a simulated cluster: how many, and at which model-parallel degree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loom.engine.perf import PerfModel
+from loom.policies.partition import WorkerProfile
+from loom.policies.profiles import placement_profile
+from loom.policies.resources import ResourceProblem, anneal
+from loom.protocol import ResolvedPolicy
+
+# Heddle §7.1: the baselines run MP 1, 1 and 2 for Qwen3-8B, 14B and 32B (maximum throughput).
+BASELINE_MP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}
+DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpus: int = 64
+    gpu: str = "h100"
+    model: str = "qwen3-14b"
+    max_running: int = 256
+    context_len: int = 16_384  # typical context for the profiles placement and allocation use
+    tool_s: float = 0.43
+
+    def degrees_that_fit(self) -> list[int]:
+        return [
+            d
+            for d in DEGREES
+            if d <= self.gpus and PerfModel(self.gpu, self.model, d).kv_capacity_tokens() > 0
+        ]
+
+    def profile(self, degree: int, max_group: int) -> WorkerProfile:
+        return placement_profile(
+            self.model,
+            self.gpu,
+            degree,
+            context_len=self.context_len,
+            max_running=self.max_running,
+            tool_s=self.tool_s,
+            max_group=max_group,
+        )
+
+
+def allocate(
+    policy: ResolvedPolicy, cluster: Cluster, predicted: Sequence[float], seed: int = 0
+) -> list[int]:
+    """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6)."""
+    if policy.resources == "adaptive":
+        fits = cluster.degrees_that_fit()
+        profiles = {d: cluster.profile(d, len(predicted)) for d in fits}
+        return list(anneal(ResourceProblem(predicted, cluster.gpus, profiles), seed=seed).degrees)
+    mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
+    if cluster.gpus % mp:
+        raise ValueError(f"{cluster.gpus} GPUs cannot all run at MP {mp}")
+    return [mp] * (cluster.gpus // mp)
