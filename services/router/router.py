@@ -395,9 +395,11 @@ class Router:
             return
         if p.method not in MIGRATING_METHODS:
             return
-        # Ranked by predicted remaining work: what a placement can still change.
+        # Ranked by predicted length, as the plan was (Heddle §5.3): a move corrects a prediction error.
+        # Ranking by remaining work instead churns: it shrinks as every trajectory progresses (an exact
+        # predictor then made 1,655 moves among 400 trajectories in the harness).
         remaining = p.predicted_remaining if p.predicted_remaining is not None else p.priority
-        move = jr.planner.update(key, remaining)
+        move = jr.planner.update(key, p.generated_tokens + remaining)
         if move is not None and move.dst in self.workers:
             await self.transfers.submit(move, p.context_len)
 

@@ -189,7 +189,7 @@ def run_rollout(
                 routing.forget(str(i))
             return
         if planner is not None:
-            move = planner.update(str(i), max(0.0, pred.total(t, generated[i]) - generated[i]))
+            move = planner.update(str(i), pred.total(t, generated[i]))
             if move is not None:
                 dst = names.index(move.dst)
                 sim.migrate_prefix(engines[where[i]], engines[dst], str(i))
