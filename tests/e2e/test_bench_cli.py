@@ -40,3 +40,31 @@ def test_bench_resources_is_near_exhaustive() -> None:
     assert sum(out["degrees"]) == out["gpus"] == 64
     assert out["gap_to_exhaustive"] <= 0.02
     assert out["speedup_vs_fixed_1"] >= 1.0 and out["speedup_vs_fixed_8"] >= 1.0
+
+
+def test_bench_rollout_rejects_an_unknown_policy() -> None:
+    r = subprocess.run(
+        [LOOM, "bench", "rollout", "--quick", "--baselines", "magic"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode != 0 and "bad policy 'magic'" in r.stderr
+
+
+def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    out = _bench("rollout", "--quick")
+    assert set(out["policies"]) == {"heddle", "verl", "verl_star", "slime"}
+    assert set(out["throughput_ratio"]) == {"verl", "verl_star", "slime"}
+    for r in out["policies"].values():
+        assert r["makespan_over_lb"] >= 1.0 and r["output_tokens"] == out["output_tokens"]
+    for key in (
+        "throughput_tok_s",
+        "makespan_s",
+        "lower_bound_s",
+        "makespan_over_lb",
+        "longest_traj_queueing_s",
+        "wall_s",
+    ):
+        assert key in out

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 
-from loom_cli.bench import engine, placement, resources
+from loom_cli.bench import engine, placement, resources, rollout
 from loom_cli.bench.registry import Benchmark
 
-BENCHMARKS: tuple[Benchmark, ...] = (engine.BENCHMARK, placement.BENCHMARK, resources.BENCHMARK)
+BENCHMARKS: tuple[Benchmark, ...] = (
+    engine.BENCHMARK,
+    placement.BENCHMARK,
+    resources.BENCHMARK,
+    rollout.BENCHMARK,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,120 @@
+"""``loom bench rollout``: one workload on a simulated cluster in virtual time, the policy under test
+against the baselines in the same run.
+
+Workloads come from the recorded traces (``--traces`` takes any file of the same schema): coding
+(SWE-bench), search (HotpotQA ReAct), tool use (tau-bench). The JSON has the policy's figures at the top
+level and every policy's under ``policies``, with throughput ratios of the policy over each baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from loom.harness.cluster import Cluster
+from loom.harness.rollout import PREDICTORS, run_rollout
+from loom.protocol import PRESETS, PolicySpec
+from loom.workloads import WORKLOADS
+from loom_cli.bench.registry import Benchmark
+
+BASELINES = ("verl", "verl_star", "slime")
+GROUP = {"coding": 16, "search": 5, "tool_use": 4}
+TOOL_S = {"coding": 0.43, "search": 1.42, "tool_use": 0.3}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="coding")
+    p.add_argument("--model", default="qwen3-14b")
+    p.add_argument("--gpu", default="h100")
+    p.add_argument("--gpus", type=int, default=64)
+    p.add_argument("--policy", default="heddle", help="a preset name or a policy as JSON")
+    p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated presets ('' for none)")
+    p.add_argument("--predictor", choices=PREDICTORS, default="oracle")
+    p.add_argument("--prompts", type=int, default=None, help="prompts to take from the traces (default all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traces", default=None, help="a trace file of the workload's schema")
+
+
+def _policy(text: str) -> PolicySpec:
+    """A preset name or a policy as JSON, validated like a job spec's."""
+    try:
+        raw = {"preset": text} if text in PRESETS else json.loads(text)
+        return msgspec.convert(raw, PolicySpec)
+    except (ValueError, msgspec.ValidationError) as e:
+        raise SystemExit(
+            f"loom bench rollout: bad policy {text!r}: {e} (presets: {', '.join(PRESETS)})"
+        ) from e
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = args.prompts if args.prompts is not None else (12 if args.quick else None)
+    gpus = min(args.gpus, 8) if args.quick else args.gpus
+    workload = WORKLOADS[args.workload](
+        prompts=prompts, group_size=GROUP[args.workload], seed=args.seed, path=args.traces
+    )
+    cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=TOOL_S[args.workload])
+    name = args.policy
+    runs = {name: _policy(name)}
+    for b in filter(None, args.baselines.split(",")):
+        runs.setdefault(b, _policy(b))
+    results: dict[str, dict[str, Any]] = {}
+    for label, pol in runs.items():
+        results[label] = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed).summary()
+    top = results[name]
+    out: dict[str, Any] = {
+        "benchmark": "rollout",
+        "workload": args.workload,
+        "model": args.model,
+        "gpus": gpus,
+        "trajectories": len(workload.trajectories),
+        "policy": name,
+        "predictor": args.predictor,
+        **top,
+        "throughput_ratio": {
+            b: round(top["throughput_tok_s"] / r["throughput_tok_s"], 3)
+            for b, r in results.items()
+            if b != name
+        },
+        "policies": results,
+    }
+    _print(out)
+    if args.json:
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+def _print(out: dict[str, Any]) -> None:
+    t = Table(
+        title=f"Rollout: {out['workload']}, {out['model']}, {out['gpus']} GPUs, {out['trajectories']} trajectories"
+    )
+    for c in (
+        "policy",
+        "throughput tok/s",
+        "makespan s",
+        "makespan / LB",
+        "longest queueing s",
+        "migrations",
+        "wall s",
+    ):
+        t.add_column(c, justify="right")
+    for label, r in out["policies"].items():
+        t.add_row(
+            label,
+            f"{r['throughput_tok_s']:,.0f}",
+            f"{r['makespan_s']:,.0f}",
+            f"{r['makespan_over_lb']:.2f}",
+            f"{r['longest_traj_queueing_s']:,.0f}",
+            str(r["migrations"]),
+            f"{r['wall_s']:.1f}",
+        )
+    Console().print(t)
+
+
+BENCHMARK = Benchmark(
+    "rollout", "a workload in virtual time: a policy against the baselines", add_arguments, run
+)
