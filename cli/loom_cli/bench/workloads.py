@@ -7,9 +7,7 @@ import numpy as np
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import placement_profile
 from loom.traces import load_traces
-
-# Heddle Table 1: mean tool time per call of the coding agent (0.41-0.46 s).
-CODING_TOOL_S = 0.43
+from loom.workloads.coding import TOOL_MEAN_S
 
 
 def swe_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -22,5 +20,5 @@ def profile(
     model: str, gpu: str, tp: int, n: int, context_len: int = 16_384, max_running: int = 256
 ) -> WorkerProfile:
     return placement_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, tool_s=CODING_TOOL_S, max_group=n
+        model, gpu, tp, context_len=context_len, max_running=max_running, tool_s=TOOL_MEAN_S, max_group=n
     )

@@ -256,7 +256,7 @@ class SimCore:
                 heapq.heappush(self._queue, (-s.req.priority, seq, rid))
         prefill, budget, growth = self._prefill_plan()
         while self._running and self._avail() < growth:
-            self._retract(min(self._running.values(), key=lambda s: (s.req.priority, -s.seq)))
+            self._retract(self._lowest_running())
             prefill, budget, growth = self._prefill_plan()
         prefill, budget, growth = self._admit_queue(prefill, budget, growth)
         for _ in range(len(self._running)):
@@ -311,12 +311,16 @@ class SimCore:
             growth += grows
         return prefill, budget, growth
 
+    def _lowest_running(self) -> _Seq:
+        """Who is evicted first, for memory or for priority: the lowest priority, the newest on ties (SGLang)."""
+        return min(self._running.values(), key=lambda s: (s.req.priority, -s.seq))
+
     def _preemption_victim(self, budget: int) -> _Seq | None:
         """The running request the blocked queue head evicts: the lowest priority, newest on ties."""
         head = self._queue_head()
         if head is None or not self._running or self.preempt_threshold is None or budget <= 0:
             return None
-        victim = min(self._running.values(), key=lambda r: (r.req.priority, -r.seq))
+        victim = self._lowest_running()
         return victim if head.req.priority > victim.req.priority + self.preempt_threshold else None
 
     def _prefill_plan(self) -> tuple[list[tuple[_Seq, int]], int, int]:

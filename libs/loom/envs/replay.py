@@ -9,12 +9,12 @@ samples differ only in their tool latencies (documented, not invented variation)
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
 from loom.protocol import ToolLatency
 from loom.traces import Trace
+from loom.workloads.base import lognormal
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,4 @@ class ReplayEnv:
         return "max_turns" if n_calls == self.max_turns else "max_tokens"
 
     def sample_tool_latency(self) -> float:
-        """Log-normal with the configured mean: mu = ln(mean) - sigma^2 / 2."""
-        tl = self.tool_latency
-        if tl.mean_s <= 0:
-            return 0.0
-        if tl.sigma == 0:
-            return tl.mean_s
-        mu = math.log(tl.mean_s) - tl.sigma**2 / 2
-        return self.rng.lognormvariate(mu, tl.sigma)
+        return lognormal(self.rng, self.tool_latency.mean_s, self.tool_latency.sigma)

@@ -10,6 +10,7 @@ from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import placement_profile
 from loom.policies.resources import ResourceProblem, anneal
 from loom.protocol import ResolvedPolicy
+from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 
 # Heddle §7.1: the baselines run MP 1, 1 and 2 for Qwen3-8B, 14B and 32B (maximum throughput).
 BASELINE_MP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}
@@ -23,7 +24,7 @@ class Cluster:
     model: str = "qwen3-14b"
     max_running: int = 256
     context_len: int = 16_384  # typical context for the profiles placement and allocation use
-    tool_s: float = 0.43
+    tool_s: float = CODING_TOOL_S
 
     def degrees_that_fit(self) -> list[int]:
         return [

@@ -85,12 +85,6 @@ class RolloutResult:
             "wall_s": round(self.wall_s, 2),
         }
 
-    def active_over_time(self, points: int = 100) -> list[tuple[float, int]]:
-        """Trajectories still running at evenly spaced times (the utilisation curve of the report)."""
-        ends = np.sort(np.asarray(self.finish_s))
-        ts = np.linspace(0.0, self.makespan_s, points)
-        return [(float(t), int(len(ends) - np.searchsorted(ends, t, side="right"))) for t in ts]
-
 
 def run_rollout(
     workload: Workload, policy: ResolvedPolicy, cluster: Cluster, predictor: str = "oracle", seed: int = 0

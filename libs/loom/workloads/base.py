@@ -3,10 +3,22 @@ time that follows them."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
+
+
+def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
+    """A log-normal draw with the given mean (mu = ln(mean) - sigma^2 / 2); 0 for no time, the mean itself
+    for no spread."""
+    if mean <= 0:
+        return 0.0
+    if sigma == 0:
+        return mean
+    return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma)
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,14 @@ the coding agent's mean tool time (Heddle Table 1: 0.41-0.46 s per call).
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
 from loom.traces import load_traces
-from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output
+from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal
 
 TOOL_MEAN_S = 0.43
 TOOL_SIGMA = 0.8
-
-
-def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
-    return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma) if mean > 0 else 0.0
 
 
 def coding(

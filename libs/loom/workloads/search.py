@@ -17,8 +17,7 @@ from pathlib import Path
 
 from loom.settings import default_shared_dir
 from loom.tokenizer import count_tokens
-from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output
-from loom.workloads.coding import lognormal
+from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal
 
 TOOL_MEAN_S = 1.42
 TOOL_SIGMA = 0.5

@@ -16,8 +16,7 @@ from typing import Any
 
 from loom.settings import default_shared_dir
 from loom.tokenizer import count_tokens
-from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output
-from loom.workloads.coding import lognormal
+from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal
 
 TOOL_MEAN_S = 0.05
 USER_BASE_S = 0.3
