@@ -132,11 +132,13 @@ async def _await_prediction(
                 await pred
         log.debug("no prediction for %s step %d: %s", work.traj_id, step, e)
         return priority
-    # Longest predicted remaining work first (Heddle's progressive priority): priority = remaining tokens.
+    # Longest predicted trajectory first (Heddle Algorithm 1, line 3: priority = the predicted length, which
+    # stays put as a trajectory progresses; its remaining work would shrink and let fresh ones overtake it).
+    total = float(generated) + p.remaining_tokens
     upd = PriorityUpdate(
         work.job_id,
         work.traj_id,
-        p.remaining_tokens,
+        total,
         p.remaining_tokens,
         step,
         context_len=context_len,
@@ -144,4 +146,4 @@ async def _await_prediction(
         method=p.method,
     )
     await ctx.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
-    return p.remaining_tokens
+    return total

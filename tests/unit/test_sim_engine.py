@@ -263,6 +263,53 @@ def test_lru_eviction_frees_least_recently_used_tail_first() -> None:
     assert (cache.tokens, cache.evictable) == (60, 0)
 
 
+def test_priority_eviction_takes_the_lowest_priority_first_and_protects_the_higher() -> None:
+    cache = PrefixCache(by_priority=True)
+    for key, prio in [("long", 9.0), ("short", 1.0), ("mid", 5.0)]:
+        cache.acquire(key, key, 0, prio)
+        cache.release(key, key, 100)
+    # A request of priority 5 may take the caches of priority 1 and 5, never the longer trajectory's.
+    assert cache.evictable_below(1000, 5.0) == 200
+    assert cache.evictable_below(1000, 5.0, spare="mid") == 100
+    assert cache.evictable_below(50, 9.0) >= 50
+    assert cache.evict(150) == 150
+    assert (cache.length("short"), cache.length("mid"), cache.length("long")) == (0, 50, 100)
+    cache.demote("long")  # its trajectory ended: first in line now
+    assert cache.evict(100) == 100 and cache.length("long") == 0 and cache.length("mid") == 50
+    assert (cache.tokens, cache.evictable) == (50, 50)
+    # Without priorities every entry is fair game.
+    assert PrefixCache().evictable_below(10, 0.0) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from("arev"), st.integers(0, 5), st.integers(0, 400), st.floats(0, 3)),
+        max_size=60,
+    )
+)
+def test_prefix_cache_accounting_holds_under_any_sequence(ops: list[tuple[str, int, int, float]]) -> None:
+    cache = PrefixCache(by_priority=True)
+    held: dict[str, str] = {}
+    for n, (op, k, tokens, prio) in enumerate(ops):
+        key = f"k{k}"
+        if op == "a" and key not in held:
+            rid = f"r{n}"
+            cache.acquire(key, rid, min(tokens, cache.length(key)), prio)
+            held[key] = rid
+        elif op == "r" and key in held:
+            cache.release(key, held.pop(key), tokens)
+        elif op == "e":
+            before = cache.tokens
+            assert cache.evict(tokens) == before - cache.tokens
+        elif op == "v":
+            cache.demote(key)
+        assert 0 <= cache.evictable <= cache.tokens
+        assert cache.evictable_below(10**9, 10.0) == cache.evictable
+        lengths = sum(cache.length(f"k{i}") for i in range(6))
+        assert lengths == cache.tokens
+
+
 def test_export_gives_the_cached_length_and_removes_or_keeps_it() -> None:
     core = SimCore(PERF, 100_000)
     core.submit(EngineRequest("a", 1000, 100, prefix_key="traj"), 0.0)

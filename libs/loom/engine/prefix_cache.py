@@ -1,13 +1,19 @@
-"""Prefix cache of the simulated engine: one cached length per ``prefix_key``, evicted LRU.
+"""Prefix cache of the simulated engine: one cached length per ``prefix_key``.
 
 A key stands for one trajectory's growing context, so a radix tree reduces to a length per key. Running
 requests pin the part of their key's entry they reuse; the tail beyond the longest pin and every
 unpinned entry are evictable, tail first, as a radix cache evicts leaves first.
+
+Eviction takes least recently used entries first (SGLang's default), or with ``by_priority`` the entries
+of the lowest-priority trajectories first (LRU among equals): under Heddle's progressive priority a long
+trajectory's context survives its tool calls instead of going to whichever short one is admitted next,
+and "persist KV cache" (Algorithm 1, line 8) holds for the trajectories that set the makespan.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -16,13 +22,18 @@ class _Entry:
     length: int = 0
     pin: int = 0
     holders: dict[str, int] = field(default_factory=dict)  # rid -> tokens of this entry it reuses
+    priority: float = 0.0
+    stamp: int = 0  # its place in the eviction order; heap items with another stamp are stale
 
 
 class PrefixCache:
-    def __init__(self) -> None:
+    def __init__(self, by_priority: bool = False) -> None:
         self._entries: dict[str, _Entry] = {}
-        # Keys with evictable tokens, least recently used first: eviction never walks past pinned entries.
-        self._lru: OrderedDict[str, None] = OrderedDict()
+        self.by_priority = by_priority
+        # Keys with evictable tokens in eviction order, (priority, stamp, key), stale items skipped: eviction
+        # never walks past pinned entries.
+        self._order: list[tuple[float, int, str]] = []
+        self._clock = itertools.count(1)
         self.tokens = 0
         self.evictable = 0
 
@@ -38,10 +49,12 @@ class PrefixCache:
         entry = self._entries.get(key)
         return max(0, cached - (entry.pin if entry else 0))
 
-    def acquire(self, key: str, rid: str, cached: int) -> None:
+    def acquire(self, key: str, rid: str, cached: int, priority: float = 0.0) -> None:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
+        if self.by_priority:
+            entry.priority = priority
         if cached > entry.length:
             raise ValueError(f"{rid} reuses {cached} tokens of {key!r}, which holds {entry.length}")
         entry.holders[rid] = cached
@@ -69,28 +82,54 @@ class PrefixCache:
             self._set(key, entry, entry.pin, entry.pin)
 
     def evict(self, tokens: int, spare: str | None = None) -> int:
-        """Free up to ``tokens`` from least recently used entries other than ``spare``; return how many
+        """Free up to ``tokens`` from entries other than ``spare``, in eviction order; return how many
         were freed."""
         freed = 0
-        drained = []
-        for key in self._lru:
-            if freed >= tokens:
-                break
-            if key == spare:
+        kept = []
+        while freed < tokens and self._order:
+            prio, stamp, key = heapq.heappop(self._order)
+            entry = self._entries.get(key)
+            if entry is None or entry.stamp != stamp or entry.length == entry.pin:
                 continue
-            entry = self._entries[key]
+            if key == spare:
+                kept.append((prio, stamp, key))
+                continue
             take = min(entry.length - entry.pin, tokens - freed)
             entry.length -= take
             freed += take
-            if entry.length == entry.pin:
-                drained.append(key)
-        for key in drained:
-            del self._lru[key]
-            if self._entries[key].length == 0 and not self._entries[key].holders:
+            if entry.length > entry.pin:
+                kept.append((prio, stamp, key))  # keeps its place: it was not used, only trimmed
+            elif entry.length == 0 and not entry.holders:
                 del self._entries[key]
+        for item in kept:
+            heapq.heappush(self._order, item)
         self.tokens -= freed
         self.evictable -= freed
         return freed
+
+    def demote(self, key: str) -> None:
+        """Put ``key`` first in line for eviction (its trajectory has ended)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.priority = float("-inf")
+            self._set(key, entry, entry.length, entry.pin)
+
+    def evictable_below(self, tokens: int, priority: float, spare: str | None = None) -> int:
+        """Evictable tokens of entries ranked at or below ``priority`` (other than ``spare``), counted up to
+        ``tokens``: what a request of that priority may take without evicting anyone it outranks less."""
+        if not self.by_priority:
+            return self.evictable
+        found = 0
+        seen = []
+        while found < tokens and self._order and self._order[0][0] <= priority:
+            item = heapq.heappop(self._order)
+            seen.append(item)
+            entry = self._entries.get(item[2])
+            if entry is not None and entry.stamp == item[1] and item[2] != spare:
+                found += entry.length - entry.pin
+        for item in seen:
+            heapq.heappush(self._order, item)
+        return found
 
     def _set(self, key: str, entry: _Entry, length: int, pin: int) -> None:
         self.tokens += length - entry.length
@@ -98,8 +137,17 @@ class PrefixCache:
         entry.length, entry.pin = length, pin
         if length == 0 and not entry.holders:
             del self._entries[key]
+        entry.stamp = next(self._clock)  # used now: the most recent of its priority
         if length > pin:
-            self._lru[key] = None
-            self._lru.move_to_end(key)
-        else:
-            self._lru.pop(key, None)
+            heapq.heappush(self._order, (entry.priority if self.by_priority else 0.0, entry.stamp, key))
+        if len(self._order) > 4 * len(self._entries) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale heap items, which pile up as entries are touched and re-pushed."""
+        self._order = [
+            item
+            for item in self._order
+            if (e := self._entries.get(item[2])) is not None and e.stamp == item[1] and e.length > e.pin
+        ]
+        heapq.heapify(self._order)

@@ -68,13 +68,21 @@ def build_core(
     max_running: int = 256,
     start: float = 0.0,
     preempt_threshold: float | None = 10.0,
+    evict_by_priority: bool = False,
 ) -> SimCore:
     """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights."""
     perf = PerfModel(gpu, model, tp)
     capacity = perf.kv_capacity_tokens(mem_fraction)
     if capacity <= 0:
         raise ValueError(f"{model} does not fit on {tp} x {gpu} at mem_fraction {mem_fraction}")
-    return SimCore(perf, capacity, max_running=max_running, start=start, preempt_threshold=preempt_threshold)
+    return SimCore(
+        perf,
+        capacity,
+        max_running=max_running,
+        start=start,
+        preempt_threshold=preempt_threshold,
+        evict_by_priority=evict_by_priority,
+    )
 
 
 class SimCore:
@@ -87,6 +95,7 @@ class SimCore:
         reserve_ratio: float = 0.1,
         start: float = 0.0,
         preempt_threshold: float | None = 10.0,
+        evict_by_priority: bool = False,
     ) -> None:
         if kv_capacity <= 0 or max_running < 1 or prefill_budget < 1:
             raise ValueError("kv_capacity, max_running and prefill_budget must be positive")
@@ -105,7 +114,7 @@ class SimCore:
         self.preempt_threshold = preempt_threshold
         self.preemptions = 0
         self.weight_version = ""
-        self.cache = PrefixCache()
+        self.cache = PrefixCache(by_priority=evict_by_priority)
         self.generated_tokens = 0
         self.retractions = 0
         self._now = start
@@ -187,6 +196,10 @@ class SimCore:
         if remove:
             self.cache.trim(prefix_key)
         return length
+
+    def end_prefix(self, prefix_key: str) -> None:
+        """The trajectory behind ``prefix_key`` has ended: its cache is the first to go."""
+        self.cache.demote(prefix_key)
 
     def import_prefix(
         self, prefix_key: str, tokens: int, now: float, bandwidth_gbps: float | None = None
@@ -299,9 +312,16 @@ class SimCore:
             if uncached and not take:
                 break
             grows = int(take == uncached and s.generated < s.req.max_new_tokens)
-            pinned = self.cache.pin_gain(key, cached) if key is not None else 0
             later = self._remaining + s.req.max_new_tokens - s.generated - grows
-            if uncached + grows + pinned + self.reserve_ratio * later > self._avail() - growth:
+            need = uncached + grows + self.reserve_ratio * later + growth
+            if self.cache.by_priority and self._running:
+                # Only the caches of lower-priority trajectories may make room (see PrefixCache).
+                free = self.kv_capacity - self.kv_used_tokens
+                room = free + self.cache.evictable_below(int(need) + 1 - free, s.req.priority, key)
+            else:
+                pinned = self.cache.pin_gain(key, cached) if key is not None else 0
+                room = self._avail() - pinned
+            if need > room:
                 break  # strict priority order: nothing jumps the head of the queue
             heapq.heappop(self._queue)
             self._admit(s, cached)
@@ -393,7 +413,7 @@ class SimCore:
             s.first_cached = cached
         s.cached = cached
         if s.req.prefix_key is not None:
-            self.cache.acquire(s.req.prefix_key, s.req.rid, cached)
+            self.cache.acquire(s.req.prefix_key, s.req.rid, cached, s.req.priority)
         uncached = s.context - cached
         self._reserve(uncached)
         self._private += uncached

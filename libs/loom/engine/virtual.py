@@ -95,6 +95,11 @@ class VirtualSim:
         tokens = self.engines[src].export_prefix(prefix_key, remove=not keep_source)
         return self.engines[dst].import_prefix(prefix_key, tokens, self.now, bandwidth_gbps)
 
+    def end_prefix(self, engine: int, prefix_key: str) -> None:
+        """Tell ``engine`` that ``prefix_key``'s trajectory has ended (its cache goes first)."""
+        self._catch_up(engine)
+        self.engines[engine].end_prefix(prefix_key)
+
     def run(self, until: float | None = None) -> None:
         """Process events in order until none is left or the next is after ``until``; then the clock reads
         ``until`` (if given)."""
