@@ -12,23 +12,27 @@ from hypothesis import strategies as st
 from loom.policies.partition import WorkerProfile, presorted_dp
 
 
-def _profile(per_token_s: float, increments: list[float]) -> WorkerProfile:
+def _profile(per_token_s: float, increments: list[float], saturation: float = float("inf")) -> WorkerProfile:
     # F[0] unused, F[1] = 1, then nondecreasing: a monotone interference factor.
     f = np.concatenate([[0.0, 1.0], 1.0 + np.cumsum(increments)])
-    return WorkerProfile(per_token_s, f)
+    return WorkerProfile(per_token_s, f, saturation)
 
 
-def _brute_force(lengths: list[float], workers: list[WorkerProfile]) -> float:
+def _brute_force(
+    lengths: list[float], workers: list[WorkerProfile], weights: list[float] | None = None
+) -> float:
     """Min over all m^n assignments of trajectories to workers, vectorised."""
     n, m = len(lengths), len(workers)
     L = np.asarray(lengths)
+    W = np.ones(n) if weights is None else np.asarray(weights)
     assign = np.array(list(itertools.product(range(m), repeat=n)))  # (m^n, n)
     worst = np.zeros(len(assign))
     for w, prof in enumerate(workers):
         mine = assign == w
-        size = mine.sum(axis=1)
+        size = np.where(mine, W[None, :], 0.0).sum(axis=1)
+        work = np.where(mine, (L * W)[None, :], 0.0).sum(axis=1)
         head = np.where(mine, L[None, :], 0.0).max(axis=1)
-        worst = np.maximum(worst, np.where(size > 0, head * prof.per_token_s * prof.factor(size), 0.0))
+        worst = np.maximum(worst, prof.group_time(head, size, work))
     return float(worst.min())
 
 
@@ -36,13 +40,21 @@ lengths_st = st.lists(st.floats(1, 50_000, allow_nan=False), min_size=1, max_siz
 increments_st = st.lists(st.floats(0, 2, allow_nan=False), min_size=9, max_size=9)
 
 
+saturation_st = st.one_of(st.just(float("inf")), st.floats(1, 8))
+
+
 @settings(max_examples=150, deadline=None)
-@given(lengths=lengths_st, m=st.integers(1, 4), t=st.floats(1e-3, 0.1), inc=increments_st)
+@given(lengths=lengths_st, m=st.integers(1, 4), t=st.floats(1e-3, 0.1), inc=increments_st, sat=saturation_st)
 def test_homogeneous_optimum_equals_brute_force(
-    lengths: list[float], m: int, t: float, inc: list[float]
+    lengths: list[float], m: int, t: float, inc: list[float], sat: float
 ) -> None:
-    workers = [_profile(t, inc)] * m
-    want = _brute_force(lengths, workers)
+    # Without saturation Lemma 5.1 holds: the contiguous optimum is the optimum. With it, a group's time
+    # also has a work term (sum of lengths at the saturated rate), which makes the problem a packing one:
+    # the solvers are then exact over contiguous partitions, and never beat the brute force.
+    workers = [_profile(t, inc, sat)] * m
+    best = _brute_force(lengths, workers)
+    want = best if sat == float("inf") else _best_contiguous(lengths, [1.0] * len(lengths), workers)
+    assert want >= best * (1 - 1e-9)
     for method in ("parametric", "dp"):
         got = presorted_dp(lengths, workers, method=method)
         assert got.makespan == pytest.approx(want, rel=1e-9)
@@ -72,6 +84,73 @@ def test_heterogeneous_solvers_agree_and_bound_the_brute_force(
     assert speed_of[longest] == min(speed_of.values())
 
 
+def _best_contiguous(lengths: list[float], weights: list[float], workers: list[WorkerProfile]) -> float:
+    """Min over every way to cut the length-sorted trajectories into len(workers) runs (empty allowed)."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    best = float("inf")
+    for cuts in itertools.combinations_with_replacement(range(n + 1), len(workers) - 1):
+        edges = [0, *cuts, n]
+        worst = 0.0
+        for prof, a, b in zip(workers, edges, edges[1:], strict=False):
+            if b > a:
+                size = np.array([sum(weights[i] for i in order[a:b])])
+                work = np.array([sum(weights[i] * lengths[i] for i in order[a:b])])
+                worst = max(worst, float(prof.group_time(np.array([lengths[order[a]]]), size, work)[0]))
+        best = min(best, worst)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.lists(st.tuples(st.floats(1, 50_000), st.floats(0.05, 6)), min_size=1, max_size=8),
+    m=st.integers(1, 3),
+    inc=increments_st,
+    sat=saturation_st,
+)
+def test_weighted_optimum_equals_the_best_contiguous_partition(
+    data: list[tuple[float, float]], m: int, inc: list[float], sat: float
+) -> None:
+    # With weights, packing is a bin-packing problem; Formula 3 is exact over contiguous partitions of the
+    # length order (Heddle's restriction), which is what both solvers must match.
+    lengths = [a for a, _ in data]
+    weights = [b for _, b in data]
+    workers = [_profile(0.01, inc, sat)] * m
+    want = _best_contiguous(lengths, weights, workers)
+    for method in ("parametric", "dp"):
+        got = presorted_dp(lengths, workers, method=method, weights=weights)
+        assert got.makespan == pytest.approx(want, rel=1e-9)
+        assert max(got.group_times) == pytest.approx(got.makespan, rel=1e-12)
+    # Unit weights change nothing.
+    assert presorted_dp(lengths, workers, weights=[1.0] * len(lengths)).makespan == pytest.approx(
+        presorted_dp(lengths, workers).makespan, rel=1e-12
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(st.tuples(st.floats(1, 50_000), st.floats(0.05, 6)), min_size=1, max_size=40),
+    m=st.integers(1, 6),
+    inc=increments_st,
+    sat=saturation_st,
+)
+def test_weighted_solvers_agree(
+    data: list[tuple[float, float]], m: int, inc: list[float], sat: float
+) -> None:
+    lengths = [a for a, _ in data]
+    weights = [b for _, b in data]
+    workers = [_profile(0.01 * (1 + i % 2), inc, sat) for i in range(m)]
+    fast = presorted_dp(lengths, workers, weights=weights)
+    slow = presorted_dp(lengths, workers, method="dp", weights=weights)
+    assert fast.makespan == pytest.approx(slow.makespan, rel=1e-9)
+
+
+def test_fractional_sizes_interpolate_and_floor_at_one_trajectory() -> None:
+    prof = WorkerProfile(0.01, np.array([0.0, 1.0, 3.0, 4.0]))
+    got = prof.factor(np.array([0.0, 0.3, 1.0, 1.5, 3.0, 5.0]))
+    assert got.tolist() == pytest.approx([0.0, 1.0, 1.0, 2.0, 4.0, 6.0])
+
+
 def test_aggregation_keeps_the_head_exact_and_costs_little() -> None:
     rng = np.random.default_rng(3)
     lengths = rng.lognormal(9, 1, 4000)
@@ -96,6 +175,10 @@ def test_bad_input_is_rejected() -> None:
         presorted_dp([float("nan")], w)
     with pytest.raises(ValueError, match="nondecreasing"):
         presorted_dp([1.0, 2.0, 3.0], [WorkerProfile(0.01, np.array([0.0, 1.0, 0.5, 0.7]))])
+    with pytest.raises(ValueError, match="positive"):
+        presorted_dp([1.0, 2.0], w, weights=[1.0, 0.0])
+    with pytest.raises(ValueError, match="weights for"):
+        presorted_dp([1.0, 2.0], w, weights=[1.0])
     with pytest.raises(ValueError, match="method"):
         presorted_dp([1.0], w, method="magic")
     empty = presorted_dp([], w)

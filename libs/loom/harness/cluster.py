@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from loom.engine.perf import PerfModel
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import placement_profile
@@ -23,7 +25,8 @@ class Cluster:
     gpu: str = "h100"
     model: str = "qwen3-14b"
     max_running: int = 256
-    context_len: int = 16_384  # typical context for the profiles placement and allocation use
+    # The profiles' reference context: a trajectory whose mean context is k times this weighs k in a group.
+    context_len: int = 16_384
     tool_s: float = CODING_TOOL_S
 
     def degrees_that_fit(self) -> list[int]:
@@ -33,7 +36,8 @@ class Cluster:
             if d <= self.gpus and PerfModel(self.gpu, self.model, d).kv_capacity_tokens() > 0
         ]
 
-    def profile(self, degree: int, max_group: int) -> WorkerProfile:
+    def profile(self, degree: int, max_group: int, by_priority: bool = False) -> WorkerProfile:
+        """F and T of a worker at ``degree``; ``by_priority`` for a job under progressive priority."""
         return placement_profile(
             self.model,
             self.gpu,
@@ -42,17 +46,24 @@ class Cluster:
             max_running=self.max_running,
             tool_s=self.tool_s,
             max_group=max_group,
+            by_priority=by_priority,
         )
 
 
 def allocate(
-    policy: ResolvedPolicy, cluster: Cluster, predicted: Sequence[float], seed: int = 0
+    policy: ResolvedPolicy,
+    cluster: Cluster,
+    predicted: Sequence[float],
+    seed: int = 0,
+    weights: Sequence[float] | None = None,
 ) -> list[int]:
     """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6)."""
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
-        profiles = {d: cluster.profile(d, len(predicted)) for d in fits}
-        return list(anneal(ResourceProblem(predicted, cluster.gpus, profiles), seed=seed).degrees)
+        top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
+        profiles = {d: cluster.profile(d, top, policy.order == "pps") for d in fits}
+        problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights)
+        return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
     if cluster.gpus % mp:
         raise ValueError(f"{cluster.gpus} GPUs cannot all run at MP {mp}")

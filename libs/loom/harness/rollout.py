@@ -9,6 +9,7 @@ and resources are fixed MP or the annealed allocation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.interference import context_bucket
+from loom.engine.perf import PerfModel
 from loom.engine.sim_core import build_core
 from loom.engine.virtual import VirtualSim
 from loom.harness.bounds import lower_bound
@@ -40,6 +43,7 @@ class _Predictor:
             raise ValueError(f"unknown predictor {kind!r}; one of {PREDICTORS}")
         self.kind = kind
         self.history = HistoryPredictor()
+        self.history_context: dict[str, list[float]] = {}
 
     def total(self, t: WorkTraj, generated: int) -> float:
         if self.kind == "oracle":
@@ -48,13 +52,39 @@ class _Predictor:
             return self.history.predict_total(t.prompt, generated)
         return 0.0
 
+    def context(self, t: WorkTraj) -> float:
+        """The trajectory's mean context while it generates: what it holds of a worker's KV cache."""
+        if self.kind == "oracle":
+            return mean_context(t)
+        if self.kind == "history":
+            seen = self.history_context.get(t.prompt)
+            if seen:
+                return sum(seen) / len(seen)
+        return float(t.steps[0].input_len) if t.steps else 1.0
+
     def finished(self, t: WorkTraj) -> None:
+        self.history_context.setdefault(t.prompt, []).append(mean_context(t))
         self.history.observe(t.prompt, t.output_tokens)
 
     @property
     def discriminates(self) -> bool:
         """Whether its ranks among a group's samples mean anything (see the router's MIGRATING_METHODS)."""
         return self.kind == "oracle"
+
+
+def mean_context(t: WorkTraj) -> float:
+    """Context averaged over the trajectory's generated tokens (each step's grows by half its output)."""
+    tokens = sum(s.output_len for s in t.steps)
+    if not tokens:
+        return float(t.steps[0].input_len) if t.steps else 1.0
+    return sum(s.output_len * (s.input_len + s.output_len / 2) for s in t.steps) / tokens
+
+
+def placement_weights(contexts: list[float]) -> tuple[int, list[float]]:
+    """The profiles' reference context (the mean, bucketed as the profiles are) and each trajectory's
+    weight in a group: its context over the reference, so F sees KV demand, not just a head count."""
+    ref = context_bucket(max(1, round(sum(contexts) / max(1, len(contexts)))))
+    return ref, [max(c, 1.0) / ref for c in contexts]
 
 
 @dataclass
@@ -70,6 +100,25 @@ class RolloutResult:
     wall_s: float
     finish_s: list[float] = field(repr=False, default_factory=list)
     queueing_s: list[float] = field(repr=False, default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    cache_hit: float = 0.0
+    gantt: list[tuple[int, float, float, int]] = field(repr=False, default_factory=list)
+    steps_done: list[tuple[float, int]] = field(repr=False, default_factory=list)
+
+    def active_over_time(self, bins: int = 100) -> tuple[list[float], list[int]]:
+        """Trajectories not yet finished, sampled at ``bins`` points up to the makespan."""
+        ts = np.linspace(0.0, self.makespan_s, bins + 1)
+        fin = np.sort(np.asarray(self.finish_s))
+        return ts.tolist(), (len(fin) - np.searchsorted(fin, ts, side="right")).tolist()
+
+    def throughput_over_time(self, bins: int = 100) -> tuple[list[float], list[float]]:
+        """Generated tokens per second, by step completion, in ``bins`` equal windows (utilisation)."""
+        if not self.steps_done or self.makespan_s <= 0:
+            return [], []
+        edges = np.linspace(0.0, self.makespan_s, bins + 1)
+        times, tokens = zip(*self.steps_done, strict=True)
+        hist, _ = np.histogram(times, bins=edges, weights=tokens)
+        return edges[1:].tolist(), (hist / (edges[1] - edges[0])).tolist()
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -82,19 +131,38 @@ class RolloutResult:
             "workers": len(self.degrees),
             "degrees": sorted(set(self.degrees), reverse=True),
             "migrations": self.migrations,
+            "cache_hit": round(self.cache_hit, 3),
+            "makespan_breakdown": self.breakdown,
             "wall_s": round(self.wall_s, 2),
         }
 
 
+INTERACTIONS = ("trajectory", "batch")
+
+
 def run_rollout(
-    workload: Workload, policy: ResolvedPolicy, cluster: Cluster, predictor: str = "oracle", seed: int = 0
+    workload: Workload,
+    policy: ResolvedPolicy,
+    cluster: Cluster,
+    predictor: str = "oracle",
+    seed: int = 0,
+    interaction: str = "trajectory",
+    gantt_workers: int = 0,
 ) -> RolloutResult:
+    """``interaction``: each trajectory calls its environment as soon as its step is generated
+    (trajectory level), or every turn waits for the whole batch to generate and then for every
+    environment call to return (batch level, the synchronous agent loop RollArt compares against).
+    ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart."""
+    if interaction not in INTERACTIONS:
+        raise ValueError(f"unknown interaction {interaction!r}; one of {INTERACTIONS}")
     wall0 = time.perf_counter()
     trajs = workload.trajectories
     n = len(trajs)
     pred = _Predictor(predictor)
     initial = [pred.total(t, 0) for t in trajs]
-    degrees = allocate(policy, cluster, initial, seed)
+    ref, weights = placement_weights([pred.context(t) for t in trajs])
+    cluster = dataclasses.replace(cluster, context_len=ref)
+    degrees = allocate(policy, cluster, initial, seed, weights)
     preemptive = policy.order in ("pps", "autellix")
     sim = VirtualSim()
     engines = [
@@ -105,6 +173,7 @@ def run_rollout(
                 d,
                 max_running=cluster.max_running,
                 preempt_threshold=10.0 if preemptive else None,
+                evict_by_priority=policy.order == "pps",
             )
         )
         for d in degrees
@@ -117,8 +186,9 @@ def run_rollout(
     if policy.placement == "presorted_dp":
         # Samples of a prompt tie under a prompt-level estimate: the sample-major presort deals them out.
         order = sorted(range(n), key=lambda i: (trajs[i].sample, i))
-        profiles = [cluster.profile(d, n) for d in degrees]
-        part = presorted_dp([initial[i] for i in order], profiles)
+        top = int(np.ceil(sum(weights))) + 1
+        profiles = [cluster.profile(d, top, policy.order == "pps") for d in degrees]
+        part = presorted_dp([initial[i] for i in order], profiles, weights=[weights[i] for i in order])
         assignment = part.assignment()
         for rank, i in enumerate(order):
             where[i] = int(assignment[rank])
@@ -138,13 +208,18 @@ def run_rollout(
     inflight = [0] * m
     generated = [0] * n
     queued = [0.0] * n
+    prefill_s = [0.0] * n
+    decode_s = [0.0] * n
+    cached = 0
+    gantt: list[tuple[int, float, float, int]] = []  # (worker, start, end, trajectory) per step
+    steps_done: list[tuple[float, int]] = []  # (time, tokens) per finished step
     started = [0.0] * n
     finish = [0.0] * n
     migrations = 0
 
     def priority(i: int) -> float:
         if policy.order == "pps":
-            return max(0.0, pred.total(trajs[i], generated[i]) - generated[i])
+            return pred.total(trajs[i], generated[i])  # Algorithm 1, line 3: the predicted length
         if policy.order == "fcfs":
             return -started[i]
         if plas is not None:
@@ -169,13 +244,24 @@ def run_rollout(
         sim.submit(engines[w], req, lambda out: done(i, k, w, out))
 
     def done(i: int, k: int, w: int, out: EngineOutput) -> None:
-        nonlocal migrations
+        finished_step(i, k, w, out)
+        if gantt_workers and w < gantt_workers:
+            gantt.append((w, sim.now - out.queue_s - out.prefill_s - out.decode_s, sim.now, i))
+        steps_done.append((sim.now, out.output_len))
+        on_idle()
+
+    def finished_step(i: int, k: int, w: int, out: EngineOutput) -> None:
+        nonlocal migrations, cached
         inflight[w] -= 1
         generated[i] += out.output_len
         queued[i] += out.queue_s
+        prefill_s[i] += out.prefill_s
+        decode_s[i] += out.decode_s
+        cached += out.cached_tokens
         t = trajs[i]
         if k + 1 == len(t.steps):
             finish[i] = sim.now
+            sim.end_prefix(engines[w], str(i))
             pred.finished(t)
             if planner is not None:
                 planner.finish(str(i))
@@ -190,12 +276,34 @@ def run_rollout(
                 where[i] = dst
                 planner.moved(str(i), move.dst)
                 migrations += 1
-        sim.call_at(sim.now + t.steps[k].env_s, lambda: start_step(i, k + 1))
+        if interaction == "trajectory":
+            sim.call_at(sim.now + t.steps[k].env_s, lambda: start_step(i, k + 1))
+        else:
+            turn.append((i, k))
+
+    # Batch level: the turn ends when its last generation does, then every environment call runs and the
+    # next turn starts when the last of them returns.
+    turn: list[tuple[int, int]] = []
+
+    def next_turn() -> None:
+        if not turn:
+            return
+        ready = list(turn)
+        turn.clear()
+        barrier = sim.now + max(trajs[i].steps[k].env_s for i, k in ready)
+        for i, k in ready:
+            sim.call_at(barrier, functools.partial(start_step, i, k + 1))
+
+    def on_idle() -> None:
+        if interaction == "batch" and not any(inflight):
+            next_turn()
 
     for i in range(n):
         sim.call_at(0.0, functools.partial(start_step, i, 0))
     sim.run()
     makespan = max(finish) if finish else 0.0
+    last = int(np.argmax(finish)) if trajs else 0
+    inputs = sum(st.input_len for t in trajs for st in t.steps)
     tokens = sum(generated)
     lb = lower_bound(workload, cluster)
     longest = int(np.argmax([t.output_tokens for t in trajs])) if trajs else 0
@@ -211,4 +319,28 @@ def run_rollout(
         wall_s=time.perf_counter() - wall0,
         finish_s=finish,
         queueing_s=queued,
+        breakdown=_formula1(
+            trajs[last], cluster, degrees[where[last]], queued[last], prefill_s[last] + decode_s[last]
+        )
+        if trajs
+        else {},
+        cache_hit=cached / inputs if inputs else 0.0,
+        gantt=gantt,
+        steps_done=steps_done,
     )
+
+
+def _formula1(
+    t: WorkTraj, cluster: Cluster, degree: int, queue_s: float, engine_s: float
+) -> dict[str, float]:
+    """Heddle Formula 1 for the trajectory that finished last (it sets the makespan): its queueing, its
+    tokens at the base per-token time T (batch 1, its own context, its worker's degree), the interference
+    on top of that (sharing the batch, prefills, re-prefills after eviction), and its tool time."""
+    perf = PerfModel(cluster.gpu, cluster.model, degree)
+    base = sum(st.output_len * perf.per_token_time(1, st.input_len + st.output_len // 2) for st in t.steps)
+    return {
+        "queueing_s": round(queue_s, 1),
+        "base_s": round(base, 1),
+        "interference_s": round(max(0.0, engine_s - base), 1),
+        "tool_s": round(sum(st.env_s for st in t.steps), 1),
+    }

@@ -3,7 +3,9 @@
 Trajectories sorted by descending predicted length are cut into contiguous groups, group j going to
 worker j, with workers sorted fastest first (highest model parallelism first, Heddle §6.2). A group's
 time is ``L(first) * T_j * F_j(size)``: its longest trajectory, the worker's base per-token time and the
-worker's interference factor at that group size. The makespan is the slowest group's time.
+worker's interference factor at that group size. The makespan is the slowest group's time. A group's
+size is the sum of its members' weights (1 each unless given), so trajectories that load a worker more
+(longer contexts, more KV cache) count for more.
 
 Two exact solvers of the same problem (groups may be empty: workers may idle):
 
@@ -12,8 +14,8 @@ Two exact solvers of the same problem (groups may be empty: workers may idle):
   cross, found by a binary search vectorised over all i: O(m n log n) numpy work, not O(m n^2).
 - ``parametric`` (default): for a target makespan C, filling workers in order, each with the longest
   prefix of what is left that fits C, succeeds iff any contiguous partition meets C (shrinking a group
-  from the front only lowers its head and its size). Each fill is one binary search in the monotone F
-  table, so a geometric bisection on C costs O(m log n) per probe; it stops when the best feasible
+  from the front only lowers its head and its size). Each fill inverts the monotone F table and finds the
+  group's end in the cumulative weights, so a geometric bisection on C costs O(m log n) per probe; it stops when the best feasible
   makespan found is within 1e-12 of an infeasible target, i.e. at the optimum. About 1 ms at n = 6400.
 """
 
@@ -29,19 +31,49 @@ from numpy.typing import NDArray
 
 @dataclass(frozen=True)
 class WorkerProfile:
-    """What the placement needs to know of a worker: base per-token time (batch 1) and the
-    interference factor F[g] for a group of g trajectories (F[1] = 1, nondecreasing)."""
+    """What the placement needs to know of a worker: base per-token time (batch 1), the interference
+    factor F[g] for a group of g trajectories (F[1] = 1, nondecreasing), and the group size at which it
+    saturates (its KV cache or batch limit is full; infinite: never).
+
+    Sizes may be fractional (a group's size is the sum of its members' weights): F is linear between
+    table points, at least F[1] for any non-empty group, and extends past the table with its last slope.
+    """
 
     per_token_s: float
     interference: NDArray[np.float64]
+    saturation: float = float("inf")
 
-    def factor(self, sizes: NDArray[np.int64]) -> NDArray[np.float64]:
-        f = self.interference
-        last = len(f) - 1
-        # Beyond the table, extend linearly with the table's last slope (F keeps growing with load).
-        slope = f[last] - f[last - 1] if last >= 1 else 0.0
-        inside = f[np.minimum(sizes, last)]
-        return np.where(sizes > last, f[last] + slope * (sizes - last), inside)
+    def factor(self, sizes: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
+        x = np.asarray(sizes, dtype=np.float64)
+        g = self._floored()
+        last = len(g) - 1
+        slope = g[last] - g[last - 1] if last >= 1 else 0.0
+        inside = np.interp(x, np.arange(last + 1, dtype=np.float64), g)
+        out = np.where(x > last, g[last] + slope * (x - last), inside)
+        return np.where(x > 0, out, 0.0)
+
+    @property
+    def work_rate(self) -> float:
+        """Seconds per weight-token once saturated, over T: F(saturation) / saturation (0 if never)."""
+        if not np.isfinite(self.saturation):
+            return 0.0
+        return float(self.factor(np.array([self.saturation]))[0]) / self.saturation
+
+    def group_time(
+        self, head: NDArray[np.float64], size: NDArray[np.float64], work: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """A group's makespan: its head at the interference of the batch it actually shares (a saturated
+        worker queues the rest), or its total work (sum of length x weight) at the saturated rate,
+        whichever is longer. Below saturation this is Formula 3's L(head) * T * F(size)."""
+        shared = self.factor(np.minimum(size, self.saturation))
+        t = self.per_token_s * np.maximum(head * shared, self.work_rate * work)
+        return np.where(size > 0, t, 0.0)
+
+    def _floored(self) -> NDArray[np.float64]:
+        g = np.asarray(self.interference, dtype=np.float64).copy()
+        if len(g) > 1:
+            g[0] = g[1]  # a group smaller than one trajectory still runs at the single-trajectory rate
+        return g
 
 
 @dataclass(frozen=True)
@@ -65,8 +97,13 @@ def presorted_dp(
     workers: Sequence[WorkerProfile],
     max_items: int | None = None,
     method: str = "parametric",
+    weights: Sequence[float] | NDArray[np.float64] | None = None,
 ) -> Partition:
     """Optimal contiguous partition of trajectories sorted by length onto workers sorted by speed.
+
+    ``weights`` measure each trajectory's share of a worker (default 1): a group's size for F is the sum
+    of its weights. The harness weighs a trajectory by its mean context over the profile's reference
+    context, so one that holds four times the KV cache counts as four (see ``loom.policies.profiles``).
 
     ``max_items`` aggregates the shortest trajectories into equal-count chunks when there are more than
     that many (Heddle's aggregation of short trajectories below a threshold): boundaries among the short
@@ -78,27 +115,32 @@ def presorted_dp(
         raise ValueError("no workers")
     if np.any(lens < 0) or not np.all(np.isfinite(lens)):
         raise ValueError("lengths must be finite and non-negative")
+    wts = np.ones(len(lens)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if wts.shape != lens.shape:
+        raise ValueError(f"{len(wts)} weights for {len(lens)} trajectories")
+    if np.any(wts <= 0) or not np.all(np.isfinite(wts)):
+        raise ValueError("weights must be finite and positive")
     order = np.argsort(-lens, kind="stable")
     sorted_lens = lens[order]
     wsort = sorted(range(m), key=lambda w: workers[w].per_token_s)
-    heads, counts = _aggregate(sorted_lens, max_items)
+    starts = _aggregate(len(lens), max_items)
+    heads = sorted_lens[starts[:-1]]
+    cw = np.concatenate([[0.0], np.cumsum(wts[order])])[starts]
+    ck = np.concatenate([[0.0], np.cumsum(wts[order] * sorted_lens)])[starts]
     ordered = [workers[w] for w in wsort]
     if method == "parametric":
-        cuts = _solve_parametric(heads, counts, ordered)
+        cuts = _solve_parametric(heads, cw, ck, ordered)
     elif method == "dp":
-        cuts = _solve_dp(heads, counts, ordered)
+        cuts = _solve_dp(heads, cw, ck, ordered)
     else:
         raise ValueError(f"unknown method {method!r}")
-    item_start = np.concatenate([[0], np.cumsum(counts)])
     bounds: list[tuple[int, int]] = [(0, 0)] * m
     times = [0.0] * m
     for rank, (a, b) in enumerate(cuts):
         w = wsort[rank]
-        s, e = int(item_start[a]), int(item_start[b])
-        bounds[w] = (s, e)
-        if e > s:
-            prof = workers[w]
-            times[w] = float(sorted_lens[s] * prof.per_token_s * prof.factor(np.array([e - s]))[0])
+        bounds[w] = (int(starts[a]), int(starts[b]))
+        if b > a:
+            times[w] = _time(workers[w], heads[a], cw[b] - cw[a], ck[b] - ck[a])
     return Partition(
         order=order,
         bounds=bounds,
@@ -108,29 +150,28 @@ def presorted_dp(
     )
 
 
-def _aggregate(
-    sorted_lens: NDArray[np.float64], max_items: int | None
-) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-    n = len(sorted_lens)
+def _aggregate(n: int, max_items: int | None) -> NDArray[np.int64]:
+    """Item boundaries into the sorted trajectories: one item each, or the tail in equal-count chunks."""
     if max_items is None or n <= max_items:
-        return sorted_lens, np.ones(n, dtype=np.int64)
+        return np.arange(n + 1, dtype=np.int64)
     keep = max_items // 2
-    tail = n - keep
-    chunks = max_items - keep
-    edges = np.linspace(keep, n, chunks + 1).round().astype(np.int64)
-    edges = np.unique(edges)
-    heads = np.concatenate([sorted_lens[:keep], sorted_lens[edges[:-1]]])
-    counts = np.concatenate([np.ones(keep, dtype=np.int64), np.diff(edges)])
-    assert counts.sum() == keep + tail
-    return heads, counts
+    edges = np.unique(np.linspace(keep, n, max_items - keep + 1).round().astype(np.int64))
+    return np.concatenate([np.arange(keep, dtype=np.int64), edges])
+
+
+def _time(prof: WorkerProfile, head: float, size: float, work: float) -> float:
+    return float(prof.group_time(np.array([head]), np.array([size]), np.array([work]))[0])
 
 
 def _solve_dp(
-    heads: NDArray[np.float64], counts: NDArray[np.int64], workers: Sequence[WorkerProfile]
+    heads: NDArray[np.float64],
+    cw: NDArray[np.float64],
+    ck: NDArray[np.float64],
+    workers: Sequence[WorkerProfile],
 ) -> list[tuple[int, int]]:
-    """Formula 3 over items (``heads`` = each item's longest length, ``counts`` = trajectories in it)."""
+    """Formula 3 over items (``heads`` = each item's longest length, ``cw`` and ``ck`` = cumulative weight
+    and work)."""
     n = len(heads)
-    csum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     idx = np.arange(n + 1)
     head_at = np.concatenate([heads, [0.0]])  # head_at[n] is never a group's first item
     prev = np.full(n + 1, np.inf)
@@ -139,8 +180,8 @@ def _solve_dp(
     for prof in workers:
 
         def cost(k: NDArray[np.int64], prof: WorkerProfile = prof) -> NDArray[np.float64]:
-            size = csum[idx] - csum[k]
-            return np.where(size > 0, head_at[k] * prof.per_token_s * prof.factor(size), 0.0)
+            t = prof.group_time(head_at[k], cw[idx] - cw[k], ck[idx] - ck[k])
+            return np.where(idx > k, t, 0.0)
 
         lo = np.zeros(n + 1, dtype=np.int64)
         hi = idx.copy()
@@ -170,21 +211,35 @@ def _solve_dp(
     return cuts[::-1]
 
 
-def _tables(workers: Sequence[WorkerProfile], total: int) -> list[NDArray[np.float64]]:
-    """Each worker's F for group sizes 0..total, with F[0] = 0 (an empty group takes no time).
+def _tables(workers: Sequence[WorkerProfile], total: float) -> list[NDArray[np.float64]]:
+    """Each worker's F at integer sizes 0..ceil(total)+1 (F[0] floored to F[1]), validated monotone.
     Workers usually share a few profiles (one per model-parallel size): build each table once."""
+    top = int(np.ceil(total)) + 1
     built: dict[int, NDArray[np.float64]] = {}
     out = []
     for prof in workers:
         f = built.get(id(prof))
         if f is None:
-            f = prof.factor(np.arange(total + 1, dtype=np.int64)).astype(np.float64)
-            f[0] = 0.0
-            if np.any(f[2:] < f[1:-1]):
+            f = prof.factor(np.arange(top + 1, dtype=np.float64))
+            f[0] = f[1]
+            if np.any(np.diff(f) < 0):
                 raise ValueError("interference factor must be nondecreasing in group size")
             built[id(prof)] = f
         out.append(f)
     return out
+
+
+def _capacity(table: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The largest group size x with F(x) <= y (F linear between the table's integer points); -1 where
+    even the smallest non-empty group exceeds y."""
+    top = len(table) - 1
+    k = np.searchsorted(table, y, side="right") - 1
+    inside = np.clip(k, 0, top - 1)
+    lo, hi = table[inside], table[inside + 1]
+    gap = np.where(hi > lo, hi - lo, 1.0)
+    frac = np.where(hi > lo, (np.minimum(y, hi) - lo) / gap, 1.0)
+    x = inside + np.clip(frac, 0.0, 1.0)
+    return np.where(k < 0, -1.0, np.where(k >= top, float(top), x))
 
 
 # Targets probed at once: each round narrows the bracket around the optimum by this factor (in log space).
@@ -192,41 +247,50 @@ PROBES = 256
 
 
 def _solve_parametric(
-    heads: NDArray[np.float64], counts: NDArray[np.int64], workers: Sequence[WorkerProfile]
+    heads: NDArray[np.float64],
+    cw: NDArray[np.float64],
+    ck: NDArray[np.float64],
+    workers: Sequence[WorkerProfile],
 ) -> list[tuple[int, int]]:
     n, m = len(heads), len(workers)
     if n == 0:
         return [(0, 0)] * m
-    csum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    unit_items = bool(csum[-1] == n)  # no aggregation: item i is trajectory i, sizes are index differences
-    tables = _tables(workers, int(csum[-1]))
+    tables = _tables(workers, float(cw[-1]))
     speeds = [p.per_token_s for p in workers]
+    rates = [p.work_rate for p in workers]
+    sat_f = [
+        float(p.factor(np.array([p.saturation]))[0]) if np.isfinite(p.saturation) else np.inf for p in workers
+    ]
     # Zero-length trajectories fit anywhere; a tiny head keeps every division finite. Past the end, a
     # worker with nothing left takes "everything" (nothing).
     head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
+    slack = 1e-9 * max(1.0, float(cw[-1]))  # cumulative weights carry rounding
 
     def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
         """Greedy fill for every target at once: the group starts, (m+1, K); all fit where the last is n."""
         starts = np.zeros((m + 1, len(targets)), dtype=np.int64)
         start = starts[0]
         for j in range(m):
-            size = np.searchsorted(tables[j], targets / (head[start] * speeds[j]), side="right") - 1
-            if unit_items:
-                end = np.minimum(start + size, n)
-            else:
-                end = np.searchsorted(csum, csum[start] + size, side="right") - 1
-            starts[j + 1] = end
-            start = end
+            y = targets / (head[start] * speeds[j])
+            # The head term binds only below saturation; past it, the work term does.
+            room = np.where(y >= sat_f[j], np.inf, _capacity(tables[j], y))
+            end = np.searchsorted(cw, cw[start] + room + slack, side="right") - 1
+            if rates[j] > 0:
+                budget = targets / (speeds[j] * rates[j])
+                by_work = np.searchsorted(ck, ck[start] + budget * (1 + 1e-12), side="right") - 1
+                end = np.minimum(end, by_work)
+            starts[j + 1] = np.where(room < 0, start, np.clip(end, start, n))
+            start = starts[j + 1]
         return starts
 
     def span(cuts: NDArray[np.int64]) -> float:
         worst = 0.0
         for j, (a, b) in enumerate(itertools.pairwise(cuts.tolist())):
             if b > a:
-                worst = max(worst, heads[a] * speeds[j] * tables[j][csum[b] - csum[a]])
+                worst = max(worst, _time(workers[j], heads[a], cw[b] - cw[a], ck[b] - ck[a]))
         return float(worst)
 
-    lo = float(heads[0] * min(speeds))  # the longest trajectory alone on the fastest worker (F(1) = 1)
+    lo = float(heads[0] * min(speeds) * min(t[1] for t in tables))  # the longest alone on the fastest
     starts = fill(np.array([lo, np.inf]))
     if starts[m, 0] == n:
         return _cuts(starts[:, 0])
@@ -242,10 +306,13 @@ def _solve_parametric(
             break
         i = int(np.argmax(fits))  # the smallest target that fits: its makespan is at most that target
         got = span(ok[:, i])
+        progress = got < hi or i > 0
         if got < hi:
             best, hi = ok[:, i], got
         if i > 0:
             lo = float(targets[i - 1])
+        if not progress:
+            break  # the bracket is as tight as rounding in the weights allows
     return _cuts(best)
 
 

@@ -1,9 +1,12 @@
 """Worker profiles for placement, from a simulation of trajectory groups on the engine model (Heddle §5.2,
 "Interference Factor": per-token time profiled against batch size, fed to a simulator of the group).
 
-F(g) is how much slower a trajectory generates when g of them share one worker: g trajectories, each
-alternating generation steps and tool calls, run on the calibrated simulated engine in virtual time, and
-F(g) = their generation time per token / the base per-token time T at batch 1. The simulation captures
+F(g) is how much slower the group's last trajectory finishes its generation when g of them share one
+worker (the group's time in Formula 3 is L(head) * T * F): g trajectories, each alternating generation
+steps and tool calls, run on the calibrated simulated engine in virtual time, and F(g) = the slowest one's
+generation time (queueing included, tools excluded) per token / the base per-token time T at batch 1. A
+slowest-member measure, not a mean, because under priority scheduling the group's tail waits for its head
+and the mean hides it. The simulation captures
 what a closed form would have to guess: the decode batch is only the trajectories not in a tool call, the
 engine's batch limit and KV capacity make the rest queue, and prefills of returning steps interleave.
 Sizes are simulated on a geometric grid and interpolated; results are cached per engine kind.
@@ -19,6 +22,7 @@ import numpy as np
 
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.interference import context_bucket, interference_table
+from loom.engine.perf import PerfModel
 from loom.engine.sim_core import build_core
 from loom.engine.virtual import VirtualSim
 from loom.policies.partition import WorkerProfile
@@ -40,10 +44,24 @@ def simulate_group(
     tool_s: float,
     max_running: int,
     seed: int = 0,
+    by_priority: bool = False,
 ) -> float:
-    """Mean generation time per token (simulated seconds) of ``size`` trajectories sharing one engine."""
+    """Generation time per token (simulated seconds) of the slowest of ``size`` trajectories sharing one
+    engine.
+
+    ``by_priority``: the engine runs Heddle's progressive priority (distinct priorities, preemption, caches
+    evicted lowest priority first), as the workers of a job with that order do; else SGLang's defaults.
+    """
     sim = VirtualSim()
-    engine = sim.add_engine(build_core(model, gpu, tp, max_running=max_running))
+    core = build_core(
+        model,
+        gpu,
+        tp,
+        max_running=max_running,
+        preempt_threshold=10.0 if by_priority else None,
+        evict_by_priority=by_priority,
+    )
+    engine = sim.add_engine(core)
     rng = random.Random(seed)
     gen_time = [0.0] * size
     cycle = STEP_TOKENS * interference_table(model, gpu, tp, context_len).base_s + tool_s
@@ -56,8 +74,13 @@ def simulate_group(
             if k + 1 < STEPS:
                 nxt = context + STEP_TOKENS + OBSERVATION_TOKENS
                 sim.call_at(sim.now + tool_s * rng.expovariate(1.0), lambda: step(i, k + 1, nxt))
+            else:
+                sim.end_prefix(engine, f"g{i}")
 
-        req = EngineRequest(f"g{i}.{k}", context, STEP_TOKENS, prefix_key=f"g{i}", ignore_eos=True)
+        prio = float(size - i) * 100.0 if by_priority else 0.0
+        req = EngineRequest(
+            f"g{i}.{k}", context, STEP_TOKENS, prefix_key=f"g{i}", ignore_eos=True, priority=prio
+        )
         sim.submit(engine, req, done)
 
     def start(i: int) -> Callable[[], None]:
@@ -67,32 +90,56 @@ def simulate_group(
         # Trajectories of a rollout are at different points of their steps: spread the starts over a cycle.
         sim.call_at(rng.uniform(0.0, cycle), start(i))
     sim.run()
-    return sum(gen_time) / (size * STEPS * STEP_TOKENS)
+    return max(gen_time) / (STEPS * STEP_TOKENS)
 
 
 @lru_cache(maxsize=256)
 def _grid_factors(
-    model: str, gpu: str, tp: int, context_len: int, tool_ms: int, max_running: int, top: int
+    model: str,
+    gpu: str,
+    tp: int,
+    context_len: int,
+    tool_ms: int,
+    max_running: int,
+    top: int,
+    by_priority: bool,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     sizes = tuple(g for g in GRID if g <= top) or (1,)
     if sizes[-1] < top:
         sizes = (*sizes, top)
     tool_s = tool_ms / 1000.0
     times = [
-        simulate_group(model, gpu, tp, g, context_len=context_len, tool_s=tool_s, max_running=max_running)
+        simulate_group(
+            model,
+            gpu,
+            tp,
+            g,
+            context_len=context_len,
+            tool_s=tool_s,
+            max_running=max_running,
+            by_priority=by_priority,
+        )
         for g in sizes
     ]
     return sizes, tuple(t / times[0] for t in times)
 
 
 def placement_profile(
-    model: str, gpu: str, tp: int, *, context_len: int, max_running: int, tool_s: float, max_group: int
+    model: str,
+    gpu: str,
+    tp: int,
+    *,
+    context_len: int,
+    max_running: int,
+    tool_s: float,
+    max_group: int,
+    by_priority: bool = False,
 ) -> WorkerProfile:
     """T and F(0..max_group) of one worker kind for a job whose steps are followed by ``tool_s`` tools."""
     bucket = context_bucket(context_len)
     top = max(1, min(max_group, GRID[-1]))
     sizes, factors = _grid_factors(
-        model.lower(), gpu.lower(), tp, bucket, round(tool_s * 1000), max_running, top
+        model.lower(), gpu.lower(), tp, bucket, round(tool_s * 1000), max_running, top, by_priority
     )
     g = np.arange(max_group + 1, dtype=np.float64)
     f = np.interp(g, sizes, factors)
@@ -101,4 +148,10 @@ def placement_profile(
         f[sizes[-1] + 1 :] = factors[-1] * g[sizes[-1] + 1 :] / sizes[-1]
     f = np.maximum.accumulate(np.maximum(f, 1.0))
     f[0] = 0.0
-    return WorkerProfile(interference_table(model, gpu, tp, bucket).base_s, f)
+    saturation = float("inf")
+    if by_priority:
+        # Under priority the longest run first and the rest queue once the KV cache (or the batch limit)
+        # is full: the head shares the batch with that many reference trajectories, not with the group.
+        kv = PerfModel(gpu, model, tp).kv_capacity_tokens()
+        saturation = float(max(1.0, min(max_running, kv / bucket)))
+    return WorkerProfile(interference_table(model, gpu, tp, bucket).base_s, f, saturation)

@@ -39,12 +39,14 @@ class ResourceProblem:
         gpus: int,
         profiles: Mapping[int, WorkerProfile],
         max_items: int | None = 512,
+        weights: Sequence[float] | NDArray[np.float64] | None = None,
     ) -> None:
         if gpus < 1:
             raise ValueError("need at least one GPU")
         if not profiles:
             raise ValueError("no model-parallel degrees allowed")
         self.lengths = np.asarray(lengths, dtype=np.float64)
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self.gpus = gpus
         self.profiles = dict(profiles)
         self.degrees = sorted(self.profiles)
@@ -57,7 +59,9 @@ class ResourceProblem:
         p = self._cache.get(state)
         if p is None:
             workers = [self.profiles[d] for d in state]
-            p = self._cache[state] = presorted_dp(self.lengths, workers, max_items=self.max_items)
+            p = self._cache[state] = presorted_dp(
+                self.lengths, workers, max_items=self.max_items, weights=self.weights
+            )
         return p
 
     @property
