@@ -6,6 +6,7 @@ import pytest
 
 from loom.harness.bounds import critical_path, lower_bound, throughput_bound
 from loom.harness.cluster import Cluster, allocate
+from loom.harness.envs import Faults, redundancy_speedup, with_latency
 from loom.harness.rollout import run_rollout
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import coding
@@ -51,3 +52,45 @@ def test_allocation_follows_the_policy() -> None:
     assert allocate(PolicySpec(preset="slime", fixed_mp=8).resolved(), cluster, [1.0]) == [8, 8]
     adaptive = allocate(PRESETS["heddle"], cluster, [1000.0, 50_000.0, 2000.0])
     assert sum(adaptive) == 16 and adaptive == sorted(adaptive, reverse=True)
+
+
+def test_batch_level_interaction_waits_for_every_turn(small: Workload) -> None:
+    cluster = Cluster(gpus=4, model="qwen3-8b")
+    w = with_latency(small, 10.0, 5.0, seed=2)
+    traj = run_rollout(w, PRESETS["slime"], cluster, predictor="none", interaction="trajectory")
+    batch = run_rollout(w, PRESETS["slime"], cluster, predictor="none", interaction="batch")
+    assert batch.output_tokens == traj.output_tokens
+    # Each turn's environment phase lasts as long as its slowest call, so the barrier only adds time.
+    assert batch.makespan_s > traj.makespan_s
+    turns = max(len(t.steps) for t in w.trajectories) - 1
+    slowest = sum(
+        max((t.steps[k].env_s for t in w.trajectories if k < len(t.steps)), default=0) for k in range(turns)
+    )
+    assert batch.makespan_s >= slowest
+    with pytest.raises(ValueError, match="interaction"):
+        run_rollout(w, PRESETS["slime"], cluster, interaction="lockstep")
+
+
+def test_redundant_environments_meet_the_target_despite_hung_ones(small: Workload) -> None:
+    cluster = Cluster(gpus=4, model="qwen3-8b")
+    w = with_latency(small, 10.0, 2.0, seed=1)
+    # Every environment hangs: without spares nothing completes except by rerunning after the timeout.
+    hung = Faults(slow_share=0.0, stop_share=1.0, timeout_s=30.0)
+    r = redundancy_speedup(w, PRESETS["slime"], cluster, 4, 3, 2, 1, hung, seed=0)
+    assert r["baseline_s"] is not None and r["redundant_s"] is None and r["speedup"] is None
+    calm = Faults(slow_share=0.0, stop_share=0.0)
+    r = redundancy_speedup(w, PRESETS["slime"], cluster, 4, 3, 2, 1, calm, seed=0)
+    assert r["baseline_s"] and r["redundant_s"] and r["speedup"]
+    with pytest.raises(ValueError, match="groups"):
+        redundancy_speedup(w, PRESETS["slime"], cluster, 6, 3, 2, 1, calm)
+
+
+def test_timelines_cover_the_rollout(small: Workload) -> None:
+    r = run_rollout(small, PRESETS["heddle"], Cluster(gpus=4, model="qwen3-8b"), gantt_workers=2)
+    ts, active = r.active_over_time(20)
+    assert active[0] == len(small.trajectories) and active[-1] == 0 and ts[-1] == pytest.approx(r.makespan_s)
+    _, rate = r.throughput_over_time(20)
+    assert sum(rate) * r.makespan_s / 20 == pytest.approx(r.output_tokens)
+    assert r.gantt and {w for w, *_ in r.gantt} <= {0, 1}
+    assert all(0 <= a <= b <= r.makespan_s + 1e-9 for _, a, b, _ in r.gantt)
+    assert set(r.breakdown) == {"queueing_s", "base_s", "interference_s", "tool_s"}

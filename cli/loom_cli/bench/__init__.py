@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from loom_cli.bench import engine, placement, resources, rollout
+from loom_cli.bench import engine, envs, placement, resources, rollout
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     engine.BENCHMARK,
+    envs.BENCHMARK,
     placement.BENCHMARK,
     resources.BENCHMARK,
     rollout.BENCHMARK,
