@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import need_shared
@@ -68,3 +69,54 @@ def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
         "wall_s",
     ):
         assert key in out
+
+
+def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path) -> None:
+    for trace in (
+        "swe-gemini3pro.jsonl.gz",
+        "hotpotqa-react-100q-5trials.txt.gz",
+        "tau-bench-airline-gpt4o.json.gz",
+    ):
+        need_shared(f"data/traces/{trace}")
+    out = _bench("heddle-suite", "--quick", "--out", str(tmp_path))
+    systems = {"heddle", "verl", "verl_star", "slime"}
+    assert set(out["overall"]) == {"coding", "search", "tool_use"}
+    for by_model in out["overall"].values():
+        assert set(by_model) == {"qwen3-8b", "qwen3-14b", "qwen3-32b"}
+        for cell in by_model.values():
+            assert set(cell["systems"]) == systems and set(cell["speedup"]) == systems - {"heddle"}
+            tokens = {r["output_tokens"] for r in cell["systems"].values()}
+            assert len(tokens) == 1  # every system generated the whole workload
+            for r in cell["systems"].values():
+                assert r["throughput_tok_s"] > 0 and r["makespan_over_lb"] >= 1.0
+    want = {
+        "scheduling": {"fcfs", "rr", "autellix", "pps"},
+        "placement": {"least_load", "cache_aware", "loom"},
+        "resources": {"fixed_1", "fixed_8", "adaptive"},
+        "prediction": {"none", "history", "oracle"},
+    }
+    for exp, variants in want.items():
+        for runs in out[exp].values():
+            assert set(runs) == variants and all(r["throughput_tok_s"] > 0 for r in runs.values())
+    assert set(out["target"]["met"]) == {"vs_slime", "vs_best_baseline", "makespan_over_lb"}
+    assert set(out["target"]["makespan_breakdown"]) == {"queueing_s", "base_s", "interference_s", "tool_s"}
+    report = (tmp_path / "report.md").read_text()
+    for png in (
+        "overall_throughput",
+        "ablations",
+        "active_trajectories",
+        "completion_cdf",
+        "utilisation",
+        "gantt",
+    ):
+        assert (tmp_path / f"{png}.png").stat().st_size > 1000 and f"{png}.png" in report
+
+
+def test_bench_envs_reports_every_sigma_and_redundancy() -> None:
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    out = _bench("envs", "--quick")
+    speedups = out["trajectory_vs_batch_speedup"]
+    assert list(speedups) == [str(s) for s in range(1, 11)]
+    assert all(x > 1.0 for x in speedups.values())
+    assert speedups["10"] > speedups["1"]  # wider latency spread, costlier barriers
+    assert out["redundant_speedup"] is None or out["redundant_speedup"] > 0

@@ -41,6 +41,12 @@ def test_search_groups_are_real_trials_of_one_question() -> None:
     assert sum(len(v) > 1 for v in lengths.values()) == 26  # the logged agent was nearly deterministic
     assert 0.2 < statistics.fmean(t.reward or 0.0 for t in w.trajectories) < 0.5  # the logs: ~34% correct
     assert all(a.input_len < b.input_len for t in w.trajectories for a, b in itertools.pairwise(t.steps))
+    # GRPO's 16 samples replay the 5 trials in turn, each with its own tool times.
+    big = search(prompts=2, group_size=16)
+    assert len(big.trajectories) == 32
+    first = [t for t in big.trajectories if t.prompt == big.trajectories[0].prompt]
+    assert first[0].output_tokens == first[5].output_tokens
+    assert [s.env_s for s in first[0].steps] != [s.env_s for s in first[5].steps]
 
 
 def test_react_log_parsing() -> None:
@@ -58,6 +64,7 @@ def test_tool_use_groups_are_tau_bench_trials() -> None:
     need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
     w = tool_use()
     assert w.groups == 40 and len(w.trajectories) == 160
+    assert len(tool_use(prompts=3, group_size=16).trajectories) == 48
     t = w.trajectories[0]
     assert t.steps[-1].env_s == 0.0 and all(s.env_s > 0 for s in t.steps[:-1])
     assert all(a.input_len < b.input_len for a, b in itertools.pairwise(t.steps))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from loom_cli.bench import engine, envs, placement, resources, rollout
+from loom_cli.bench import engine, envs, heddle_suite, placement, resources, rollout
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     engine.BENCHMARK,
     envs.BENCHMARK,
+    heddle_suite.BENCHMARK,
     placement.BENCHMARK,
     resources.BENCHMARK,
     rollout.BENCHMARK,

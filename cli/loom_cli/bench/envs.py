@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     workload = WORKLOADS["tool_use"](prompts=prompts, group_size=4, seed=args.seed, path=args.traces)
     cluster = Cluster(gpus=args.gpus, model=args.model, tool_s=10.0)
     policy = PolicySpec(preset=args.policy).resolved()
-    sigmas = (1, 2, 5, 10) if args.quick else tuple(range(1, 11))
+    sigmas = tuple(range(1, 11))
     interaction: dict[str, dict[str, float]] = {}
     for sigma in sigmas:
         interaction[str(sigma)] = interaction_speedup(workload, policy, cluster, float(sigma), seed=args.seed)

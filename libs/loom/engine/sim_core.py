@@ -125,6 +125,7 @@ class SimCore:
         self._queue: list[tuple[float, int, str]] = []  # (-priority, seq, rid)
         self._waiting = 0
         self._running: dict[str, _Seq] = {}
+        self._lowest: _Seq | None = None  # cache of _lowest_running; None when the running set changed
         self._prefilling: dict[str, _Seq] = {}  # admission order: the chunked prefill goes first
         self._decoding: dict[str, _Seq] = {}
         self._finishes: list[tuple[int, int, str]] = []  # (finish_step, seq, rid) of decoding sequences
@@ -333,7 +334,9 @@ class SimCore:
 
     def _lowest_running(self) -> _Seq:
         """Who is evicted first, for memory or for priority: the lowest priority, the newest on ties (SGLang)."""
-        return min(self._running.values(), key=lambda s: (s.req.priority, -s.seq))
+        if self._lowest is None:
+            self._lowest = min(self._running.values(), key=lambda s: (s.req.priority, -s.seq))
+        return self._lowest
 
     def _preemption_victim(self, budget: int) -> _Seq | None:
         """The running request the blocked queue head evicts: the lowest priority, newest on ties."""
@@ -419,6 +422,7 @@ class SimCore:
         self._private += uncached
         self._remaining += s.req.max_new_tokens - s.generated
         self._running[s.req.rid] = s
+        self._lowest = None
         if uncached:
             s.state = _PREFILL
             s.prefill_left = uncached
@@ -449,6 +453,7 @@ class SimCore:
             del self._prefilling[rid]
             s.prefill_s += now - s.mark
         del self._running[rid]
+        self._lowest = None
         self._private -= s.context - s.cached
         self._remaining -= s.req.max_new_tokens - s.generated
         if s.req.prefix_key is not None:

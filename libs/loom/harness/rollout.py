@@ -36,7 +36,7 @@ PREDICTORS = ("oracle", "history", "none")
 
 
 class _Predictor:
-    """Total-length estimates: exact (oracle), per-prompt history, or none (no information)."""
+    """Total-length estimates: exact (oracle), per-prompt history, or none (no information: all equal)."""
 
     def __init__(self, kind: str) -> None:
         if kind not in PREDICTORS:
@@ -50,7 +50,7 @@ class _Predictor:
             return float(t.output_tokens)
         if self.kind == "history":
             return self.history.predict_total(t.prompt, generated)
-        return 0.0
+        return 1.0  # no information: every trajectory alike, so placement balances counts
 
     def context(self, t: WorkTraj) -> float:
         """The trajectory's mean context while it generates: what it holds of a worker's KV cache."""

@@ -104,6 +104,10 @@ def _grid_factors(
     top: int,
     by_priority: bool,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    # Past saturation (KV cache or batch limit full) F grows in proportion to the group: simulating up to
+    # twice that covers the bend, and placement_profile extends the rest linearly.
+    saturated = min(max_running, PerfModel(gpu, model, tp).kv_capacity_tokens() / context_len)
+    top = min(top, max(GRID[4], int(2 * saturated)))
     sizes = tuple(g for g in GRID if g <= top) or (1,)
     if sizes[-1] < top:
         sizes = (*sizes, top)

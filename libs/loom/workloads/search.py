@@ -4,7 +4,8 @@ Each "Thought k / Action k" is one LLM call; its context is the question and eve
 log, its output the thought and action, counted with the Qwen tokenizer. (The ReAct few-shot prompt is not
 in the logs and is not counted.) The trials of a question are the samples of its group: real runs of
 the same prompt, though the logged agent was nearly deterministic, so only 26 of the 100 groups differ
-between trials. Tool time is the search agent's (Heddle Table 1: 1.41-1.43 s per call).
+between trials. Groups larger than the 5 trials (GRPO's 16) replay the trials in turn, each replay with
+its own tool times. Tool time is the search agent's (Heddle Table 1: 1.41-1.43 s per call).
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def search(
     w = Workload("search", __doc__ or "")
     for q in list(by_question)[:prompts]:
         question_tokens = count_tokens("Question: " + q)
-        for s, (steps, ok) in enumerate(by_question[q][:group_size]):
+        trials = by_question[q]
+        # More samples than recorded trials replay the trials in turn, with their own tool times.
+        for s in range(group_size):
+            steps, ok = trials[s % len(trials)]
             context, out = question_tokens, []
             for call, observation in steps:
                 n = count_tokens(call)

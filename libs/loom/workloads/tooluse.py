@@ -1,4 +1,5 @@
-"""Tool use: tau-bench airline (GPT-4o), 40 tasks x 4 trials: real samples of the same prompt.
+"""Tool use: tau-bench airline (GPT-4o), 40 tasks x 4 trials: real samples of the same prompt (groups
+larger than 4 replay the trials in turn, each replay with its own tool times).
 
 Each assistant message is one LLM call: its context is every message before it, its output the message's
 text and tool calls, counted with the Qwen tokenizer. What follows a call is either a tool (the airline
@@ -42,7 +43,10 @@ def tool_use(
     rng = random.Random(seed)
     w = Workload("tool_use", __doc__ or "")
     for task_id in list(tasks)[:prompts]:
-        for s, rec in enumerate(tasks[task_id][:group_size]):
+        trials = tasks[task_id]
+        # More samples than recorded trials replay the trials in turn, with their own tool times.
+        for s in range(group_size):
+            rec = trials[s % len(trials)]
             msgs = rec["traj"]
             context, steps = 0, []
             for i, m in enumerate(msgs):

@@ -1,0 +1,219 @@
+"""Plots (PNG) and a Markdown report for ``loom bench heddle-suite``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+SYSTEM_LABEL = {"heddle": "Loom", "verl": "verl", "verl_star": "verl*", "slime": "slime"}
+SHOWN_MODEL = "qwen3-14b"
+
+
+def write_report(
+    out_dir: Path, out: dict[str, Any], drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]
+) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = {
+        "overall": _overall(out_dir, out),
+        "ablations": _ablations(out_dir, out),
+        "active": _active(out_dir, drawn, layout),
+        "cdf": _cdf(out_dir, drawn, layout),
+        "utilisation": _utilisation(out_dir, drawn, layout),
+        "gantt": _gantt(out_dir, drawn, layout),
+    }
+    path = out_dir / "report.md"
+    path.write_text(_markdown(out, images))
+    return path
+
+
+def _save(fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _overall(d: Path, out: dict[str, Any]) -> str:
+    workloads = list(out["overall"])
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6))
+    for ax, w in zip(np.atleast_1d(axes), workloads, strict=True):
+        models = list(out["overall"][w])
+        x = np.arange(len(models))
+        for k, s in enumerate(SYSTEM_LABEL):
+            vals = [out["overall"][w][m]["systems"][s]["throughput_tok_s"] for m in models]
+            ax.bar(x + (k - 1.5) * 0.2, vals, 0.2, label=SYSTEM_LABEL[s])
+        ax.set_xticks(x, [m.replace("qwen3-", "Qwen3-").upper().replace("QWEN3", "Qwen3") for m in models])
+        ax.set_title(w)
+        ax.set_ylabel("throughput (tokens/s)")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    return _save(fig, d / "overall_throughput.png")
+
+
+def _ablations(d: Path, out: dict[str, Any]) -> str:
+    exps = ("scheduling", "placement", "resources", "prediction")
+    fig, axes = plt.subplots(1, len(exps), figsize=(5 * len(exps), 3.6))
+    for ax, exp in zip(axes, exps, strict=True):
+        workloads = list(out[exp])
+        variants = list(out[exp][workloads[0]])
+        x = np.arange(len(workloads))
+        width = 0.8 / len(variants)
+        for k, v in enumerate(variants):
+            # Normalised to Loom's full configuration (the last variant) per workload.
+            vals = [
+                out[exp][w][v]["throughput_tok_s"] / max(out[exp][w][variants[-1]]["throughput_tok_s"], 1e-9)
+                for w in workloads
+            ]
+            ax.bar(x + (k - (len(variants) - 1) / 2) * width, vals, width, label=v)
+        ax.set_xticks(x, workloads)
+        ax.set_title(f"{exp} ({SHOWN_MODEL}, {out['ablation_gpus']} GPUs)")
+        ax.set_ylabel("throughput / Loom")
+        ax.legend(fontsize=7)
+    return _save(fig, d / "ablations.png")
+
+
+def _timeline_cells(drawn: dict[Any, dict[str, Any]], cells: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {label: drawn[c]["timeline"] for label, c in cells.items() if c in drawn}
+
+
+def _active(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
+    panels = {
+        f"coding, {SHOWN_MODEL}": _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL]),
+        f"search, {SHOWN_MODEL}, ablation GPUs: resources": _timeline_cells(
+            drawn, layout["resources"]["search"]
+        ),
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, (title, series) in zip(axes, panels.items(), strict=True):
+        for label, tl in series.items():
+            ts, active = tl["active"]
+            ax.plot(ts, active, label=SYSTEM_LABEL.get(label, label))
+        ax.set_title(title)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("active trajectories")
+        ax.legend(fontsize=8)
+    return _save(fig, d / "active_trajectories.png")
+
+
+def _cdf(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
+    workloads = list(layout["overall"])
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6))
+    for ax, w in zip(np.atleast_1d(axes), workloads, strict=True):
+        for label, tl in _timeline_cells(drawn, layout["overall"][w][SHOWN_MODEL]).items():
+            fin = np.asarray(tl["finish_s"])
+            ax.plot(fin, np.arange(1, len(fin) + 1) / len(fin), label=SYSTEM_LABEL[label])
+        ax.set_title(f"{w}, {SHOWN_MODEL}")
+        ax.set_xlabel("trajectory completion time (s)")
+        ax.set_ylabel("CDF")
+        ax.legend(fontsize=8)
+    return _save(fig, d / "completion_cdf.png")
+
+
+def _utilisation(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, tl in _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL]).items():
+        ts, rate = tl["throughput"]
+        ax.plot(ts, rate, label=SYSTEM_LABEL[label])
+    ax.set_title(f"coding, {SHOWN_MODEL}: cluster generation rate")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=8)
+    return _save(fig, d / "utilisation.png")
+
+
+def _gantt(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
+    series = _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL])
+    shown = [s for s in ("heddle", "slime") if s in series]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.2 * max(1, len(shown))), squeeze=False)
+    for ax, s in zip(axes[:, 0], shown, strict=True):
+        # One row per worker: each step's span from submission to completion, coloured by trajectory.
+        by_worker: dict[int, list[tuple[float, float, int]]] = {}
+        for w, a, b, i in series[s]["gantt"]:
+            by_worker.setdefault(w, []).append((a, b - a, i))
+        for w, bars in by_worker.items():
+            colours = [plt.cm.tab20(i % 20) for _, _, i in bars]
+            ax.broken_barh([(a, span) for a, span, _ in bars], (w - 0.4, 0.8), facecolors=colours, alpha=0.5)
+        ax.set_yticks(sorted(by_worker))
+        ax.set_title(f"{SYSTEM_LABEL[s]}: steps on the first workers (coding, {SHOWN_MODEL})")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("worker")
+    return _save(fig, d / "gantt.png")
+
+
+def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
+    tg = out["target"]
+    lines = [
+        "# Heddle suite",
+        "",
+        f"{out['gpus']} GPUs per cell, {out['cells']} rollouts in virtual time on the calibrated engine model, "
+        f"wall {out.get('wall_s', '?')} s.",
+        "",
+        "## Overall (Heddle Figure 12)",
+        "",
+        "| workload | model | Loom tok/s | verl tok/s | verl* tok/s | slime tok/s | x verl | x verl* | x slime "
+        "| Loom makespan/LB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w, by_model in out["overall"].items():
+        for m, r in by_model.items():
+            s = r["systems"]
+            sp = r["speedup"]
+            lines.append(
+                f"| {w} | {m} | {s['heddle']['throughput_tok_s']:,.0f} | {s['verl']['throughput_tok_s']:,.0f} "
+                f"| {s['verl_star']['throughput_tok_s']:,.0f} | {s['slime']['throughput_tok_s']:,.0f} "
+                f"| {sp['verl']:.2f} | {sp['verl_star']:.2f} | {sp['slime']:.2f} | {r['makespan_over_lb']:.2f} |"
+            )
+    lines += [
+        "",
+        f"![overall]({images['overall']})",
+        "",
+        f"**Target** ({tg['cell']}): x slime {tg['vs_slime']} (want >= {tg['want']['vs_slime']}), "
+        f"x best baseline {tg['vs_best_baseline']} (want >= {tg['want']['vs_best_baseline']}), "
+        f"makespan/LB {tg['makespan_over_lb']} (want <= {tg['want']['makespan_over_lb']}).",
+        "",
+        "Formula 1 for the trajectory that finished last under Loom (queueing, base per-token time x tokens, "
+        f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}.",
+        "",
+        "## Ablations (Heddle Figures 13-16)",
+        "",
+        f"Qwen3-14B on {out['ablation_gpus']} GPUs, 100 trajectories per baseline worker; each variant changes one "
+        "part of Loom's policy and keeps the rest.",
+        "",
+    ]
+    for exp in ("scheduling", "placement", "resources", "prediction"):
+        variants = list(next(iter(out[exp].values())))
+        lines += [
+            f"### {exp}",
+            "",
+            "| workload | " + " | ".join(variants) + " |",
+            "|---|" + "---|" * len(variants),
+        ]
+        for w, runs in out[exp].items():
+            cells = [
+                f"{runs[v]['throughput_tok_s']:,.0f} tok/s, {runs[v]['makespan_s']:,.0f} s, "
+                f"longest queued {runs[v]['longest_traj_queueing_s']:,.0f} s"
+                for v in variants
+            ]
+            lines.append(f"| {w} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        f"![ablations]({images['ablations']})",
+        "",
+        "## Timelines",
+        "",
+        f"![active trajectories]({images['active']})",
+        "",
+        f"![completion CDF]({images['cdf']})",
+        "",
+        f"![utilisation]({images['utilisation']})",
+        "",
+        f"![gantt]({images['gantt']})",
+        "",
+    ]
+    return "\n".join(lines)
