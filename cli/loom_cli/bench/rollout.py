@@ -68,7 +68,14 @@ def run(args: argparse.Namespace) -> int:
         runs.setdefault(b, _policy(b))
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
-        results[label] = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed).summary()
+        r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed)
+        ts, rate = r.throughput_over_time(20)
+        # Utilisation over time: the cluster's generation rate in 20 windows, over its peak window.
+        peak = max(rate, default=0.0) or 1.0
+        results[label] = {
+            **r.summary(),
+            "utilisation": {"t_s": [round(t, 1) for t in ts], "of_peak": [round(x / peak, 3) for x in rate]},
+        }
     top = results[name]
     out: dict[str, Any] = {
         "benchmark": "rollout",
