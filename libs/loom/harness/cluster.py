@@ -61,7 +61,7 @@ def allocate(
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
-        profiles = {d: cluster.profile(d, top, policy.order == "pps") for d in fits}
+        profiles = {d: cluster.profile(d, top, policy.priority_cache) for d in fits}
         problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights)
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)

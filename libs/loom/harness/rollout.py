@@ -173,7 +173,7 @@ def run_rollout(
                 d,
                 max_running=cluster.max_running,
                 preempt_threshold=10.0 if preemptive else None,
-                evict_by_priority=policy.order == "pps",
+                evict_by_priority=policy.priority_cache,
             )
         )
         for d in degrees
@@ -187,7 +187,7 @@ def run_rollout(
         # Samples of a prompt tie under a prompt-level estimate: the sample-major presort deals them out.
         order = sorted(range(n), key=lambda i: (trajs[i].sample, i))
         top = int(np.ceil(sum(weights))) + 1
-        profiles = [cluster.profile(d, top, policy.order == "pps") for d in degrees]
+        profiles = [cluster.profile(d, top, policy.priority_cache) for d in degrees]
         part = presorted_dp([initial[i] for i in order], profiles, weights=[weights[i] for i in order])
         assignment = part.assignment()
         for rank, i in enumerate(order):

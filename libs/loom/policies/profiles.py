@@ -93,6 +93,12 @@ def simulate_group(
     return max(gen_time) / (STEPS * STEP_TOKENS)
 
 
+def saturation(model: str, gpu: str, tp: int, context_len: int, max_running: int) -> float:
+    """Trajectories of ``context_len`` a worker runs at once: its KV cache or its batch limit, whichever
+    is smaller (at least one)."""
+    return float(max(1.0, min(max_running, PerfModel(gpu, model, tp).kv_capacity_tokens() / context_len)))
+
+
 @lru_cache(maxsize=256)
 def _grid_factors(
     model: str,
@@ -104,10 +110,9 @@ def _grid_factors(
     top: int,
     by_priority: bool,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    # Past saturation (KV cache or batch limit full) F grows in proportion to the group: simulating up to
-    # twice that covers the bend, and placement_profile extends the rest linearly.
-    saturated = min(max_running, PerfModel(gpu, model, tp).kv_capacity_tokens() / context_len)
-    top = min(top, max(GRID[4], int(2 * saturated)))
+    # Past saturation F grows in proportion to the group: simulating up to twice that covers the bend, and
+    # placement_profile extends the rest linearly.
+    top = min(top, max(GRID[4], int(2 * saturation(model, gpu, tp, context_len, max_running))))
     sizes = tuple(g for g in GRID if g <= top) or (1,)
     if sizes[-1] < top:
         sizes = (*sizes, top)
@@ -152,10 +157,7 @@ def placement_profile(
         f[sizes[-1] + 1 :] = factors[-1] * g[sizes[-1] + 1 :] / sizes[-1]
     f = np.maximum.accumulate(np.maximum(f, 1.0))
     f[0] = 0.0
-    saturation = float("inf")
-    if by_priority:
-        # Under priority the longest run first and the rest queue once the KV cache (or the batch limit)
-        # is full: the head shares the batch with that many reference trajectories, not with the group.
-        kv = PerfModel(gpu, model, tp).kv_capacity_tokens()
-        saturation = float(max(1.0, min(max_running, kv / bucket)))
-    return WorkerProfile(interference_table(model, gpu, tp, bucket).base_s, f, saturation)
+    # Under priority the longest run first and the rest queue once the worker is saturated: the head shares
+    # the batch with that many reference trajectories, not with the whole group.
+    sat = saturation(model, gpu, tp, bucket, max_running) if by_priority else float("inf")
+    return WorkerProfile(interference_table(model, gpu, tp, bucket).base_s, f, sat)

@@ -81,6 +81,12 @@ class ResolvedPolicy(Struct, frozen=True):
         """Placement planned by the scheduler up front (vs chosen by the router per request)."""
         return self.placement in ("presorted_dp", "round_robin")
 
+    @property
+    def priority_cache(self) -> bool:
+        """Workers keep the caches of higher-priority trajectories (Heddle's PPS, Algorithm 1 line 8), and
+        placement profiles them that way."""
+        return self.order == "pps"
+
 
 # The systems Loom is measured against use per-step round robin and homogeneous workers (Heddle §7).
 PRESETS: dict[str, ResolvedPolicy] = {
