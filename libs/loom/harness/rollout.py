@@ -215,6 +215,7 @@ def run_rollout(
     steps_done: list[tuple[float, int]] = []  # (time, tokens) per finished step
     started = [0.0] * n
     finish = [0.0] * n
+    last_worker = [0] * n  # where each trajectory ran its last step (routing moves it every step)
     migrations = 0
 
     def priority(i: int) -> float:
@@ -261,6 +262,7 @@ def run_rollout(
         t = trajs[i]
         if k + 1 == len(t.steps):
             finish[i] = sim.now
+            last_worker[i] = w
             sim.end_prefix(engines[w], str(i))
             pred.finished(t)
             if planner is not None:
@@ -320,7 +322,7 @@ def run_rollout(
         finish_s=finish,
         queueing_s=queued,
         breakdown=_formula1(
-            trajs[last], cluster, degrees[where[last]], queued[last], prefill_s[last] + decode_s[last]
+            trajs[last], cluster, degrees[last_worker[last]], queued[last], prefill_s[last] + decode_s[last]
         )
         if trajs
         else {},
