@@ -8,6 +8,7 @@ under a minute.
 from __future__ import annotations
 
 import argparse
+import json
 
 from loom_cli.bench import engine, envs, heddle_suite, placement, resources, rollout
 from loom_cli.bench.registry import Benchmark
@@ -35,4 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args.bench_run(args))
+    result = args.bench_run(args)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0

@@ -10,7 +10,6 @@ from the same table the placement policy reads.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.console import Console
@@ -43,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.tp < 1 or args.batch < 1 or args.context < 1:
         raise SystemExit("loom bench engine: --tp, --batch and --context must be positive")
     result = decode(args.model, args.gpu, args.tp, args.batch, args.context)
@@ -55,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
         result["throughput"] = run_workload(8, trajectories, args.model, args.gpu, args.tp)
         result["sim_tokens_per_wall_s"] = result["throughput"]["sim_tokens_per_wall_s"]
     _print_tables(result)
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
+    return result
 
 
 def decode(model: str, gpu: str, tp: int, batch: int, context: int) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from typing import Any
 
@@ -36,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", default=None, help="a tau-bench trace file of the same schema")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
     # The whole trace set takes seconds, so --quick runs it too: a smaller batch would understate the
     # barrier (the slowest of fewer latency draws).
@@ -74,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
     _print(out)
-    if args.json:
-        print(json.dumps(out), flush=True)
-    return 0
+    return out
 
 
 def _print(out: dict[str, Any]) -> None:

@@ -158,12 +158,12 @@ def build_plan(quick: bool, gpus: int | None, seed: int) -> tuple[Plan, dict[str
     return plan, layout
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
     plan, layout = build_plan(args.quick, args.gpus, args.seed)
     # Timelines (active trajectories, Gantt) are kept for the cells the plots draw.
     drawn = {c for w in WORKLOAD_NAMES for c in layout["overall"][w][ABLATION_MODEL].values()}
-    drawn |= {c for c in layout["resources"]["search"].values()}
+    drawn |= set(layout["resources"]["search"].values())
     jobs = args.jobs or max(1, min(len(plan.cells), os.cpu_count() or 1))
     work = [
         (c, prompts_for(c.workload, c.model, c.gpus, plan.quick), plan.seed, c in drawn) for c in plan.cells
@@ -184,9 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
         out["report"] = str(write_report(out_dir, out, {c: results[c] for c in drawn}, layout))
     _print(out)
-    if args.json:
-        print(json.dumps(_strip(out)), flush=True)
-    return 0
+    return out
 
 
 def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, Any]]) -> dict[str, Any]:
@@ -243,10 +241,6 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "overall": overall,
         **ablations,
     }
-
-
-def _strip(out: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(out))
 
 
 def _print(out: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ placement.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -88,7 +87,7 @@ def measure(n: int, m: int, model: str, gpu: str, repeats: int, seed: int, dp_re
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.n < 1 or args.m < 1:
         raise SystemExit("loom bench placement: --n and --m must be positive")
     n = min(args.n, 800) if args.quick else args.n
@@ -96,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     result = measure(n, args.m, args.model, args.gpu, repeats, args.seed, dp_repeats=1 if args.quick else 3)
     result["m64"] = measure(n, 64, args.model, args.gpu, repeats, args.seed, dp_repeats=1)
     _print(result)
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
+    return result
 
 
 def _print(r: dict[str, Any]) -> None:

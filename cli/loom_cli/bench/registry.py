@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -12,4 +13,5 @@ class Benchmark:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]  # returns the exit code
+    # Prints its tables and returns its result; ``loom bench`` prints that as the JSON line under --json.
+    run: Callable[[argparse.Namespace], dict[str, Any]]

@@ -8,7 +8,6 @@ several seeds) and against the fixed MP 1 and MP 8 baselines.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -35,7 +34,7 @@ def _problem(n: int, gpus: int, model: str, gpu: str, seed: int) -> ResourceProb
     return ResourceProblem(swe_lengths(n, seed), gpus, profiles)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpus < 1 or args.n < 1:
         raise SystemExit("loom bench resources: --gpus and --n must be positive")
     n = min(args.n, 400) if args.quick else args.n
@@ -69,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
     result["gap_to_exhaustive"] = round(max(gaps), 4)
     result["small_instances"] = {"gpus": 16, "n": 200, "seeds": len(gaps)}
     _print(result)
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
+    return result
 
 
 def _print(r: dict[str, Any]) -> None:

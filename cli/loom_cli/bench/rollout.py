@@ -55,7 +55,7 @@ def _policy(text: str) -> PolicySpec:
         ) from e
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = args.prompts if args.prompts is not None else (12 if args.quick else None)
     gpus = min(args.gpus, 8) if args.quick else args.gpus
     workload = WORKLOADS[args.workload](
@@ -94,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
         "policies": results,
     }
     _print(out)
-    if args.json:
-        print(json.dumps(out), flush=True)
-    return 0
+    return out
 
 
 def _print(out: dict[str, Any]) -> None:
