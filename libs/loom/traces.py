@@ -28,6 +28,8 @@ class Trace:
     resolved: bool
     exit_status: str
     steps: tuple[TraceStep, ...]
+    # The task statement the agent was given (the prompt after the system message).
+    task: str = ""
 
     @property
     def total_completion_tokens(self) -> int:
@@ -71,6 +73,7 @@ def load_traces(path: str | Path | None = None) -> dict[str, Trace]:
                     resolved=bool(d.get("resolved")),
                     exit_status=str(d.get("exit_status") or ""),
                     steps=steps,
+                    task=str(d.get("task") or ""),
                 )
             except (KeyError, TypeError, ValueError) as e:
                 raise TraceError(f"{p}:{lineno}: not a trace of the SWE schema: {e}") from e

@@ -13,6 +13,7 @@ from loom.bus import request
 from loom.clock import Clock
 from loom.envs.replay import ReplayEnv
 from loom.genclient import GenClient
+from loom.predict import context as predict_context
 from loom.protocol import (
     GenRequest,
     Prediction,
@@ -71,8 +72,14 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
         tool_s = 0.0
         if not call.last:
             tool_s = env.sample_tool_latency()
-            # The prediction runs during the tool call so that its latency hides behind it.
-            pred = asyncio.create_task(_predict(ctx, work, k, call.input_len + res.output_len, generated))
+            # The prediction runs during the tool call so that its latency hides behind it; it reads the
+            # context so far, this call's action included, its observation not yet.
+            pieces = predict_context.step_pieces(
+                [c.action for c in calls], [c.observation for c in calls], k + 1
+            )
+            pred = asyncio.create_task(
+                _predict(ctx, work, k + 1, call.input_len + res.output_len, generated, trace.task, pieces)
+            )
             await ctx.clock.sleep(tool_s)
             context = call.input_len + res.output_len
             priority = await _await_prediction(ctx, work, k, pred, priority, context, generated)
@@ -108,9 +115,25 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
 
 
 async def _predict(
-    ctx: LoopContext, work: TrajWork, step: int, context_len: int, generated: int
+    ctx: LoopContext,
+    work: TrajWork,
+    step: int,
+    context_len: int,
+    generated: int,
+    prompt: str,
+    pieces: list[str],
 ) -> Prediction:
-    req = PredictRequest(work.job_id, work.traj_id, work.task.id, step, context_len, generated)
+    """The predictor's estimate after ``step`` model calls (step 0 is the prompt alone, at admission)."""
+    req = PredictRequest(
+        work.job_id,
+        work.traj_id,
+        work.task.id,
+        step,
+        context_len,
+        generated,
+        prompt=predict_context.clip_prompt(prompt),
+        pieces=predict_context.clip_pieces(pieces),
+    )
     return await request(ctx.nc, subjects.PREDICT, req, Prediction, timeout_s=ctx.predict_timeout_s)
 
 

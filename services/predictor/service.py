@@ -1,23 +1,29 @@
 """Predictor service: remaining-length estimates on ``loom.v1.predict``.
 
-Until a learned model is configured it serves the history-based predictor, learning from every finished
-trajectory; after a restart it relearns from the result stream's headers.
+It serves the learned regressor (ONNX Runtime, micro-batched, with a deadline) when its model file exists.
+Without one, or for a request that carries no context or misses its deadline, it answers with the
+history-based predictor, which learns from every finished trajectory and, after a restart, relearns from
+the result stream's headers. Every fallback is counted by reason and the missing model is logged loudly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from nats.aio.msg import Msg
 
 from loom import results
+from loom.predict.batcher import MicroBatcher
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Prediction, PredictRequest, TrajDone, subjects
 from loom.service import Runtime
 from services.predictor.settings import PredictorSettings
 
 log = logging.getLogger(__name__)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class PredictorService:
@@ -25,10 +31,53 @@ class PredictorService:
         self.rt = rt
         self.settings = settings
         self.history = HistoryPredictor()
-        self.m_requests = rt.metrics.counter("requests_total", "Predictions served", ["method"])
+        self.model: Any = None
+        self.batcher: MicroBatcher[Any, float] | None = None
+        self.unavailable = ""
+        m = rt.metrics
+        self.m_requests = m.counter("requests_total", "Predictions served", ["method"])
+        self.m_fallbacks = m.counter("fallbacks_total", "History answers instead of the model", ["reason"])
+        self.m_batch = m.histogram("batch_size", "Requests per model call", buckets=BATCH_BUCKETS)
+        self.m_batch_s = m.histogram("batch_seconds", "Model call latency")
+        self._load_model()
+
+    def _load_model(self) -> None:
+        path = self.settings.model_path
+        if self.settings.method == "history":
+            self.unavailable = "configured to serve the history-based predictor"
+            return
+        if not path.exists():
+            self.unavailable = f"no model at {path} (train one with `loom predictor train`)"
+            log.warning("PREDICTOR FALLBACK: %s; serving the history-based predictor", self.unavailable)
+            return
+        from loom.predict.onnx_model import OnnxRegressor
+
+        self.model = OnnxRegressor(path, threads=self.settings.threads)
+        self.batcher = MicroBatcher(
+            self._run_batch,
+            max_batch=self.settings.max_batch,
+            max_wait_s=self.settings.batch_wait_ms / 1000,
+            on_batch=self._observe_batch,
+        )
+        log.info("serving the %s predictor from %s", self.model.method, path)
+
+    def _run_batch(self, queries: Sequence[Any]) -> list[float]:
+        return [float(r) for r in self.model.remaining(queries)]
+
+    def _observe_batch(self, size: int, seconds: float) -> None:
+        self.m_batch.observe(size)
+        self.m_batch_s.observe(seconds)
 
     def health(self) -> dict[str, Any]:
-        return {"method": "history", "observed": self.history.overall.n}
+        out: dict[str, Any] = {
+            "method": self.model.method if self.model else "history",
+            "observed": self.history.overall.n,
+        }
+        if self.model:
+            out["model_path"] = str(self.settings.model_path)
+        else:
+            out["fallback"] = self.unavailable
+        return out
 
     async def run(self, rt: Runtime) -> None:
         for h in await results.scan_headers(rt.js):
@@ -37,13 +86,44 @@ class PredictorService:
         log.info("history predictor learned %d trajectories", self.history.overall.n)
         await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_done)
         await rt.subscribe(subjects.PREDICT, PredictRequest, self.on_predict, queue=subjects.QUEUE_GROUP)
-        await rt.stopping.wait()
+        try:
+            await rt.stopping.wait()
+        finally:
+            if self.batcher:
+                await self.batcher.close()
 
     async def on_done(self, ev: TrajDone, _msg: Msg) -> None:
         if ev.status == "completed":
             self.history.observe(ev.task_id, ev.output_tokens)
 
     async def on_predict(self, req: PredictRequest, _msg: Msg) -> Prediction:
+        if self.batcher is not None:
+            if req.prompt or req.pieces:
+                remaining = await self._model_remaining(req)
+                if remaining is not None:
+                    self.m_requests.labels(self.model.method).inc()
+                    return Prediction(
+                        req.traj_id, remaining, req.generated_tokens + remaining, self.model.method
+                    )
+            else:
+                self.m_fallbacks.labels("no_context").inc()
         self.m_requests.labels("history").inc()
         total = self.history.predict_total(req.task_id, req.generated_tokens)
         return Prediction(req.traj_id, max(0.0, total - req.generated_tokens), total, "history")
+
+    async def _model_remaining(self, req: PredictRequest) -> float | None:
+        from loom.predict.onnx_model import query
+
+        assert self.batcher is not None
+        try:
+            # Tokenising a long context takes milliseconds: off the event loop.
+            q = await asyncio.to_thread(
+                query, req.prompt, req.pieces, req.step, req.generated_tokens, req.context_len
+            )
+            return await self.batcher.submit(q, self.settings.deadline_ms / 1000)
+        except TimeoutError:
+            self.m_fallbacks.labels("deadline").inc()
+        except Exception:
+            log.exception("model prediction failed for %s step %d", req.traj_id, req.step)
+            self.m_fallbacks.labels("error").inc()
+        return None

@@ -11,9 +11,11 @@ from loom.bus import request
 from loom.policies.partition import presorted_dp
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.profiles import placement_profile
+from loom.predict import context
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
 from loom.service import Runtime
+from loom.traces import TraceError, load_traces
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ async def initial_predictions(
 
     async def one(w: TrajWork) -> tuple[str, float]:
         prompt = int(w.task.data.get("prompt_tokens", 0) or 0)
-        req = PredictRequest(job.id, w.traj_id, w.task.id, 0, prompt, 0)
+        req = PredictRequest(job.id, w.traj_id, w.task.id, 0, prompt, 0, prompt=prompt_text(w))
         async with sem:
             try:
                 p = await request(rt.nc, subjects.PREDICT, req, Prediction, timeout_s=timeout_s)
@@ -40,6 +42,22 @@ async def initial_predictions(
     firsts = {w.task.id: w for w in works}
     by_task = dict(await asyncio.gather(*(one(w) for w in firsts.values())))
     return {w.traj_id: by_task[w.task.id] for w in works}
+
+
+def prompt_text(w: TrajWork) -> str:
+    """The task statement a prompt-only prediction reads: the task's own ``prompt``, else its trace's."""
+    data = w.task.data
+    text = data.get("prompt")
+    if isinstance(text, str):
+        return context.clip_prompt(text)
+    trace_id = data.get("trace_id")
+    if not isinstance(trace_id, str):
+        return ""
+    try:
+        trace = load_traces(data.get("traces_path"))[trace_id]
+    except (TraceError, KeyError):
+        return ""
+    return context.clip_prompt(trace.task)
 
 
 async def plan(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from loom_cli.bench import engine, envs, heddle_suite, placement, resources, rollout
+from loom_cli.bench import engine, envs, heddle_suite, placement, predictor, resources, rollout
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -18,6 +18,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     envs.BENCHMARK,
     heddle_suite.BENCHMARK,
     placement.BENCHMARK,
+    predictor.BENCHMARK,
     resources.BENCHMARK,
     rollout.BENCHMARK,
 )

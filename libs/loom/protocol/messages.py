@@ -368,7 +368,10 @@ class PredictRequest(Struct):
     step: NonNeg
     context_len: NonNeg
     generated_tokens: NonNeg
-    text: str | None = None
+    # What the learned predictor reads: the task statement and what followed it (actions and observations,
+    # oldest first), clipped by the sender with loom.predict.context so that a request stays small.
+    prompt: str = ""
+    pieces: list[str] = []
 
 
 class Prediction(Struct):

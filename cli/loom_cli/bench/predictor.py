@@ -1,0 +1,185 @@
+"""``loom bench predictor``: progressive length prediction against prompt-only and history-based prediction
+(Heddle §4.1, §7.3 and Figure 13), on the held-out split of a trace file, and the served model's latency.
+
+The split is by task, so no test prompt was seen in training. At step k (k model calls done, the k-th tool
+still running) each method predicts every test trajectory's total length:
+
+- progressive: tokens generated so far plus the regressor's remaining tokens, from the context so far;
+- prompt_only: the same model trained on, and fed, the prompt alone; a total it has already passed is
+  replaced by what has been generated;
+- history: the mean total of finished trajectories of the same prompt, else of all (training split).
+
+Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens, in a process of its
+own as the service runs it, the contexts tokenised beforehand as the service does on each request's
+arrival; ``tokenize_per_request`` is what that costs for one step-2 context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from loom_cli.bench.registry import Benchmark
+
+STEPS = (0, 1, 2)
+QUICK_TRACES = 120
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--traces", default=None, help="a trace file of the SWE schema (default: the SWE traces)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a trained progressive checkpoint directory holding model.onnx (default: train one now)",
+    )
+    p.add_argument("--minutes", type=float, default=None, help="training budget (default 6; --quick 0.3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench-out/predictor"), help="checkpoints and ONNX files")
+
+
+def _percentiles(samples: Sequence[float]) -> dict[str, float]:
+    ms = np.asarray(samples) * 1e3
+    return {"p50": round(float(np.percentile(ms, 50)), 2), "p99": round(float(np.percentile(ms, 99)), 2)}
+
+
+def _train(examples: Any, out: Path, minutes: float, seed: int, method: str, epochs: int) -> tuple[Path, Any]:
+    from loom.predict import train
+    from loom.predict.export import export
+
+    cfg = train.TrainConfig(max_minutes=minutes, seed=seed, epochs=epochs)
+    report = train.train(examples["train"], examples["val"], cfg, out)
+    return export(out, out / "model.onnx", method), report
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from loom.predict import dataset, evaluate
+    from loom.predict.history import HistoryPredictor
+    from loom.predict.onnx_model import OnnxRegressor, Query
+    from loom.traces import load_traces
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    traces = list(load_traces(args.traces).values())
+    if args.quick:
+        traces = traces[:QUICK_TRACES]
+    minutes = args.minutes if args.minutes is not None else (0.3 if args.quick else 6.0)
+    data = dataset.build(traces, seed=args.seed)
+    prompt_data = {k: [e for e in v if e.step == 0] for k, v in data.items()}
+    test_ids = sorted({e.traj_id for e in data["test"]})
+    if len(test_ids) < 10:
+        raise SystemExit(f"only {len(test_ids)} test trajectories; give a trace file with more")
+    training: dict[str, Any] = {}
+    if args.model is not None:
+        progressive = OnnxRegressor(args.model / "model.onnx")
+    else:
+        path, rep = _train(data, args.out / "progressive", minutes, args.seed, "progressive", epochs=30)
+        progressive, training["progressive"] = OnnxRegressor(path), vars(rep)
+    path, rep = _train(
+        prompt_data, args.out / "prompt_only", minutes / 3, args.seed, "prompt_only", epochs=60
+    )
+    prompt_only, training["prompt_only"] = OnnxRegressor(path), vars(rep)
+    history = HistoryPredictor()
+    for e in data["train"]:
+        if e.step == 0:
+            history.observe(e.task_id, e.total)
+
+    by_traj: dict[str, dict[int, dataset.Example]] = {}
+    for e in data["test"]:
+        by_traj.setdefault(e.traj_id, {})[e.step] = e
+    firsts = [by_traj[t][0] for t in test_ids]
+    prompt_totals = dict(
+        zip(test_ids, prompt_only.remaining([Query(e.ids, e.features, 0) for e in firsts]), strict=True)
+    )
+    methods: dict[str, dict[str, dict[str, float]]] = {"progressive": {}, "prompt_only": {}, "history": {}}
+    for k in STEPS:
+        ex = [by_traj[t][k] for t in test_ids if k in by_traj[t]]
+        actual = [e.total for e in ex]
+        rem = progressive.remaining([Query(e.ids, e.features, e.generated) for e in ex])
+        preds = {
+            "progressive": [e.generated + r for e, r in zip(ex, rem, strict=True)],
+            "prompt_only": [max(float(prompt_totals[e.traj_id]), e.generated) for e in ex],
+            "history": [history.predict_total(e.task_id, e.generated) for e in ex],
+        }
+        for name, p in preds.items():
+            methods[name][f"step{k}"] = {
+                "recall": round(evaluate.tail_recall(p, actual), 3),
+                "pearson": round(evaluate.pearson(p, actual), 3),
+            }
+
+    test_traces = [t for t in traces if t.id in set(test_ids)]
+    latency = _latency(progressive.path, data["test"], test_traces, 30 if args.quick else 300)
+    result = {
+        "benchmark": "predictor",
+        "trajectories": {k: len({e.traj_id for e in v}) for k, v in data.items()},
+        "methods": methods,
+        "latency_ms": latency,
+        "training": training,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    _print(console, result)
+    return result
+
+
+def _latency(
+    model_path: Path, examples: Sequence[Any], traces: Sequence[Any], repeats: int
+) -> dict[str, Any]:
+    from loom.predict import context
+    from loom.tokenizer import qwen_tokenizer
+
+    # 32 windows of 2,048 tokens (the prompt's head and the context's tail) from the test split.
+    full = [e.ids for e in examples if len(e.ids) == context.HEAD_TOKENS + context.TAIL_TOKENS]
+    if not full:
+        raise SystemExit("no test context fills a 2,048-token window")
+    windows = np.stack([full[i % len(full)] for i in range(32)])
+    path = model_path.parent / "latency-windows.npy"
+    np.save(path, windows)
+    cmd = [sys.executable, "-m", "loom.predict.latency", str(model_path), str(path), str(repeats)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Tokenising happens per request as it arrives, before batching: what one step-2 context costs.
+    tok, times = qwen_tokenizer(), []
+    for t in traces[:32]:
+        pieces = context.step_pieces([s.action for s in t.steps], [s.observation for s in t.steps], 2)
+        t0 = time.perf_counter()
+        context.encode(tok, t.task, pieces)
+        times.append(time.perf_counter() - t0)
+    out["tokenize_per_request"] = _percentiles(times)
+    return out
+
+
+def _print(console: Console, r: dict[str, Any]) -> None:
+    t = Table(title=f"Length prediction on the held-out split ({r['trajectories']['test']} trajectories)")
+    t.add_column("method")
+    for k in STEPS:
+        t.add_column(f"step {k} recall", justify="right")
+        t.add_column(f"step {k} r", justify="right")
+    for name, steps in r["methods"].items():
+        row = [name]
+        for k in STEPS:
+            row += [f"{steps[f'step{k}']['recall']:.2f}", f"{steps[f'step{k}']['pearson']:.2f}"]
+        t.add_row(*row)
+    console.print(t)
+    lat = r["latency_ms"]
+    console.print(
+        "latency (ONNX Runtime): "
+        + ", ".join(f"{k} p50 {v['p50']} ms p99 {v['p99']} ms" for k, v in lat.items())
+    )
+
+
+BENCHMARK = Benchmark(
+    "predictor",
+    "progressive length prediction against prompt-only and history-based, and its latency",
+    add_arguments,
+    run,
+)

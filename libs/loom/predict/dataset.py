@@ -1,0 +1,98 @@
+"""(context after step k, remaining completion tokens) examples from recorded trajectories (Heddle §4.1).
+
+Step k is when Heddle predicts: k = 0 at admission, from the prompt alone; k >= 1 right after the k-th model
+call, while its tool runs, so the context holds the k-th action but not its observation. Splits are by task:
+every trajectory of a prompt lands in the same split, so no test prompt was ever seen in training.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from loom.predict import context
+from loom.tokenizer import qwen_tokenizer
+from loom.traces import Trace
+
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
+# Fractions of tasks in train and val; the rest is test.
+TRAIN_FRACTION = 0.7
+VAL_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Example:
+    task_id: str
+    traj_id: str
+    step: int
+    ids: np.ndarray
+    features: np.ndarray
+    generated: int
+    total: int
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.generated
+
+
+def split_of(task_id: str, seed: int = 0) -> Split:
+    u = zlib.crc32(f"{seed}:{task_id}".encode()) / 2**32
+    if u < TRAIN_FRACTION:
+        return "train"
+    return "val" if u < TRAIN_FRACTION + VAL_FRACTION else "test"
+
+
+def task_of(trace: Trace) -> str:
+    """The prompt a trajectory answered. Trials of one SWE-bench instance share its id up to ``#trial``."""
+    return trace.id.split("#", 1)[0]
+
+
+def trajectory_examples(
+    trace: Trace, steps: Iterable[int] | None = None, cache: dict[str, list[int]] | None = None
+) -> list[Example]:
+    """One example per prediction point of ``trace`` (all of them by default), while tokens remain."""
+    tok = qwen_tokenizer()
+    actions = [s.action for s in trace.steps]
+    observations = [s.observation for s in trace.steps]
+    total = trace.total_completion_tokens
+    out = []
+    generated = 0
+    points = range(len(trace.steps)) if steps is None else [k for k in steps if k < len(trace.steps)]
+    wanted = set(points)
+    for k in range(len(trace.steps)):
+        if k in wanted:
+            # What the service is told: the prompt's length at admission, later the last call's prompt and
+            # output; the observation on its way back is not counted yet.
+            last = trace.steps[k - 1] if k else None
+            ctx_len = last.prompt_tokens + last.completion_tokens if last else trace.steps[0].prompt_tokens
+            ids = context.encode(tok, trace.task, context.step_pieces(actions, observations, k), cache)
+            out.append(
+                Example(
+                    task_of(trace),
+                    trace.id,
+                    k,
+                    ids,
+                    context.features(k, generated, ctx_len),
+                    generated,
+                    total,
+                )
+            )
+        generated += trace.steps[k].completion_tokens
+    return out
+
+
+def build(
+    traces: Sequence[Trace], steps: Iterable[int] | None = None, seed: int = 0
+) -> dict[Split, list[Example]]:
+    steps = None if steps is None else list(steps)
+    cache: dict[str, list[int]] = {}
+    out: dict[Split, list[Example]] = {s: [] for s in SPLITS}
+    for t in traces:
+        out[split_of(task_of(t), seed)].extend(trajectory_examples(t, steps, cache))
+        cache.clear()  # pieces never repeat across trajectories
+    return out

@@ -1,0 +1,57 @@
+"""The exported length regressor under ONNX Runtime: what the predictor service and the benchmark run.
+
+No torch here: the service needs only onnxruntime, numpy and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from loom.predict import context
+from loom.tokenizer import qwen_tokenizer
+
+
+@dataclass(frozen=True)
+class Query:
+    """One trajectory's context at one step, tokenised."""
+
+    ids: np.ndarray
+    features: np.ndarray
+    generated: int
+
+
+def query(prompt: str, pieces: Sequence[str], step: int, generated: int, context_len: int) -> Query:
+    ids = context.encode(qwen_tokenizer(), prompt, pieces)
+    return Query(ids, context.features(step, generated, context_len), generated)
+
+
+class OnnxRegressor:
+    def __init__(self, path: Path, threads: int = 2) -> None:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        self.path = path
+        self.method = str(meta["method"])
+        self.pool = int(meta["pool"])
+        self.pad_id = int(meta["pad_id"])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    def log_remaining(self, ids: np.ndarray, mask: np.ndarray, feats: np.ndarray) -> np.ndarray:
+        out = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "features": feats})[0]
+        return np.asarray(out, dtype=np.float64)
+
+    def remaining(self, queries: Sequence[Query]) -> np.ndarray:
+        """Predicted remaining completion tokens, one per query, in one batch."""
+        if not queries:
+            return np.zeros(0)
+        ids, mask = context.batch([q.ids for q in queries], self.pad_id, self.pool)
+        feats = np.stack([q.features for q in queries])
+        return np.maximum(0.0, np.expm1(self.log_remaining(ids, mask, feats)))

@@ -1,0 +1,79 @@
+"""The length predictor end to end: `loom predictor train` on a few trajectories (a real subprocess), its
+ONNX export, and the service answering over a real nats-server, with and without a model file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nats.aio.client import Client as NATS
+
+from loom.bus import request
+from loom.predict import context
+from loom.protocol import Health, Prediction, PredictRequest, decode, subjects
+from services.predictor.service import PredictorService
+from services.predictor.settings import PredictorSettings
+from tests.conftest import Services, need_shared
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    out = tmp_path_factory.mktemp("predictor")
+    cmd = [sys.executable, "-m", "loom_cli.main", "predictor", "train", "--limit", "24", "--epochs", "2"]
+    cmd += ["--minutes", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["epochs"] >= 1 and summary["steps"] > 0
+    assert (out / "model.onnx").exists() and (out / "train_state.pt").exists()
+    return out
+
+
+def test_onnx_matches_torch(trained: Path) -> None:
+    import torch
+
+    from loom.predict import regressor
+    from loom.predict.onnx_model import OnnxRegressor, query
+
+    q = [query("fix the parser", ["THOUGHT: look\n", "ls\n"] * 40, 2, 300, 4000), query("x", [], 0, 0, 50)]
+    ort_out = OnnxRegressor(trained / "model.onnx").remaining(q)
+    model = regressor.load(trained)
+    ids, mask = context.batch([x.ids for x in q], regressor.PAD_ID, model.cfg.pool)
+    with torch.no_grad():
+        ref = np.expm1(
+            model(
+                torch.from_numpy(ids),
+                torch.from_numpy(mask),
+                torch.from_numpy(np.stack([x.features for x in q])),
+            ).numpy()
+        )
+    assert np.allclose(ort_out, np.maximum(ref, 0), rtol=1e-3)
+
+
+async def test_service_serves_the_model_and_falls_back_to_history(
+    trained: Path, services: Services, nc: NATS, tmp_path: Path
+) -> None:
+    settings = PredictorSettings(model_path=trained / "model.onnx")
+    await services.start("p", "predictor", settings, lambda rt: PredictorService(rt, settings))
+    pieces = context.clip_pieces(["THOUGHT: reproduce it\n```bash\npython repro.py\n```\n"] * 3)
+    req = PredictRequest("j", "t1", "task", 2, 6000, 700, prompt="Fix the bug in the parser", pieces=pieces)
+    p = await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
+    assert p.method == "progressive" and p.remaining_tokens > 0
+    assert p.total_tokens == pytest.approx(700 + p.remaining_tokens)
+    # A request with no context cannot use the model: the history-based answer, counted as a fallback.
+    bare = PredictRequest("j", "t2", "task", 1, 6000, 700)
+    assert (await request(nc, subjects.PREDICT, bare, Prediction, timeout_s=10)).method == "history"
+    await services.stop("p")
+
+    missing = PredictorSettings(model_path=tmp_path / "none.onnx")
+    await services.start("q", "predictor", missing, lambda rt: PredictorService(rt, missing))
+    p = await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
+    assert p.method == "history"
+    reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
+    health = decode(reply.data, Health)
+    assert health.details["method"] == "history" and "no model" in health.details["fallback"]
