@@ -48,6 +48,7 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
     trace = load_traces(path)[trace_id]
     env = ReplayEnv(trace, work.tool_latency, work.seed, work.max_turns, work.max_tokens)
     calls = env.calls()
+    actions, observations = [c.action for c in calls], [c.observation for c in calls]
     started = ctx.clock.now()
     steps: list[Step] = []
     generated = 0
@@ -74,9 +75,7 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
             tool_s = env.sample_tool_latency()
             # The prediction runs during the tool call so that its latency hides behind it; it reads the
             # context so far, this call's action included, its observation not yet.
-            pieces = predict_context.step_pieces(
-                [c.action for c in calls], [c.observation for c in calls], k + 1
-            )
+            pieces = predict_context.step_pieces(actions, observations, k + 1)
             pred = asyncio.create_task(
                 _predict(ctx, work, k + 1, call.input_len + res.output_len, generated, trace.task, pieces)
             )

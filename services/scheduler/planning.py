@@ -11,7 +11,7 @@ from loom.bus import request
 from loom.policies.partition import presorted_dp
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.profiles import placement_profile
-from loom.predict import context
+from loom.predict import context as predict_context
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
 from loom.service import Runtime
@@ -49,7 +49,7 @@ def prompt_text(w: TrajWork) -> str:
     data = w.task.data
     text = data.get("prompt")
     if isinstance(text, str):
-        return context.clip_prompt(text)
+        return predict_context.clip_prompt(text)
     trace_id = data.get("trace_id")
     if not isinstance(trace_id, str):
         return ""
@@ -57,7 +57,7 @@ def prompt_text(w: TrajWork) -> str:
         trace = load_traces(data.get("traces_path"))[trace_id]
     except (TraceError, KeyError):
         return ""
-    return context.clip_prompt(trace.task)
+    return predict_context.clip_prompt(trace.task)
 
 
 async def plan(

@@ -43,15 +43,9 @@ def test_onnx_matches_torch(trained: Path) -> None:
     q = [query("fix the parser", ["THOUGHT: look\n", "ls\n"] * 40, 2, 300, 4000), query("x", [], 0, 0, 50)]
     ort_out = OnnxRegressor(trained / "model.onnx").remaining(q)
     model = regressor.load(trained)
-    ids, mask = context.batch([x.ids for x in q], regressor.PAD_ID, model.cfg.pool)
+    ids, mask, feats = context.inputs(q, regressor.PAD_ID, model.cfg.pool)
     with torch.no_grad():
-        ref = np.expm1(
-            model(
-                torch.from_numpy(ids),
-                torch.from_numpy(mask),
-                torch.from_numpy(np.stack([x.features for x in q])),
-            ).numpy()
-        )
+        ref = np.expm1(model(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(feats)).numpy())
     assert np.allclose(ort_out, np.maximum(ref, 0), rtol=1e-3)
 
 

@@ -65,7 +65,7 @@ def _train(examples: Any, out: Path, minutes: float, seed: int, method: str, epo
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from loom.predict import dataset, evaluate
     from loom.predict.history import HistoryPredictor
-    from loom.predict.onnx_model import OnnxRegressor, Query
+    from loom.predict.onnx_model import OnnxRegressor
     from loom.traces import load_traces
 
     console = Console(stderr=True)
@@ -98,14 +98,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for e in data["test"]:
         by_traj.setdefault(e.traj_id, {})[e.step] = e
     firsts = [by_traj[t][0] for t in test_ids]
-    prompt_totals = dict(
-        zip(test_ids, prompt_only.remaining([Query(e.ids, e.features, 0) for e in firsts]), strict=True)
-    )
+    # At step 0 nothing is generated yet: the remaining tokens are the total.
+    prompt_totals = dict(zip(test_ids, prompt_only.remaining(firsts), strict=True))
     methods: dict[str, dict[str, dict[str, float]]] = {"progressive": {}, "prompt_only": {}, "history": {}}
     for k in STEPS:
         ex = [by_traj[t][k] for t in test_ids if k in by_traj[t]]
         actual = [e.total for e in ex]
-        rem = progressive.remaining([Query(e.ids, e.features, e.generated) for e in ex])
+        rem = progressive.remaining(ex)
         preds = {
             "progressive": [e.generated + r for e, r in zip(ex, rem, strict=True)],
             "prompt_only": [max(float(prompt_totals[e.traj_id]), e.generated) for e in ex],
@@ -117,7 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "pearson": round(evaluate.pearson(p, actual), 3),
             }
 
-    test_traces = [t for t in traces if t.id in set(test_ids)]
+    held_out = set(test_ids)
+    test_traces = [t for t in traces if t.id in held_out]
     latency = _latency(progressive.path, data["test"], test_traces, 30 if args.quick else 300)
     result = {
         "benchmark": "predictor",

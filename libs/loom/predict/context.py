@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import tiktoken
@@ -84,6 +85,24 @@ def encode(
             cache[t] = i
         ids = [cache[t] for t in texts]
     return window(ids[0], ids[1:])
+
+
+class Windowed(Protocol):
+    """A context ready for the model: a training example or a served query."""
+
+    @property
+    def ids(self) -> np.ndarray: ...
+
+    @property
+    def features(self) -> np.ndarray: ...
+
+
+def inputs(
+    items: Sequence[Windowed], pad_id: int, multiple: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The model's three inputs for a batch: (input_ids, attention_mask, features)."""
+    ids, mask = batch([x.ids for x in items], pad_id, multiple)
+    return ids, mask, np.stack([x.features for x in items])
 
 
 def batch(windows: Sequence[np.ndarray], pad_id: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:

@@ -62,8 +62,7 @@ def trajectory_examples(
     total = trace.total_completion_tokens
     out = []
     generated = 0
-    points = range(len(trace.steps)) if steps is None else [k for k in steps if k < len(trace.steps)]
-    wanted = set(points)
+    wanted = set(range(len(trace.steps)) if steps is None else steps)
     for k in range(len(trace.steps)):
         if k in wanted:
             # What the service is told: the prompt's length at admission, later the last call's prompt and

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from loom.predict import context, regressor
+from loom.predict.onnx_model import meta_path
 from loom.predict.regressor import PAD_ID
 
 OPSET = 17
@@ -50,7 +51,3 @@ def export(checkpoint: Path, out: Path, method: str = "progressive") -> Path:
     }
     meta_path(out).write_text(json.dumps(meta, indent=2))
     return out
-
-
-def meta_path(onnx_path: Path) -> Path:
-    return onnx_path.with_suffix(".json")

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from loom.predict import context
 from loom.predict.onnx_model import OnnxRegressor, Query
 
 
 def measure(model: OnnxRegressor, windows: list[np.ndarray], repeats: int) -> dict[str, dict[str, float]]:
-    queries = [Query(w, np.zeros(3, dtype=np.float32), 0) for w in windows]
+    queries = [Query(w, np.zeros(context.N_FEATURES, dtype=np.float32)) for w in windows]
     for _ in range(10):  # warm-up: allocations, thread pools, caches
         model.remaining(queries)
     out = {}

@@ -23,17 +23,21 @@ class Query:
 
     ids: np.ndarray
     features: np.ndarray
-    generated: int
 
 
 def query(prompt: str, pieces: Sequence[str], step: int, generated: int, context_len: int) -> Query:
     ids = context.encode(qwen_tokenizer(), prompt, pieces)
-    return Query(ids, context.features(step, generated, context_len), generated)
+    return Query(ids, context.features(step, generated, context_len))
+
+
+def meta_path(onnx_path: Path) -> Path:
+    """The metadata (pooling, padding, window, method) written beside an exported model."""
+    return onnx_path.with_suffix(".json")
 
 
 class OnnxRegressor:
     def __init__(self, path: Path, threads: int = 2) -> None:
-        meta = json.loads(path.with_suffix(".json").read_text())
+        meta = json.loads(meta_path(path).read_text())
         self.path = path
         self.method = str(meta["method"])
         self.pool = int(meta["pool"])
@@ -48,10 +52,9 @@ class OnnxRegressor:
         out = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "features": feats})[0]
         return np.asarray(out, dtype=np.float64)
 
-    def remaining(self, queries: Sequence[Query]) -> np.ndarray:
+    def remaining(self, queries: Sequence[context.Windowed]) -> np.ndarray:
         """Predicted remaining completion tokens, one per query, in one batch."""
         if not queries:
             return np.zeros(0)
-        ids, mask = context.batch([q.ids for q in queries], self.pad_id, self.pool)
-        feats = np.stack([q.features for q in queries])
+        ids, mask, feats = context.inputs(queries, self.pad_id, self.pool)
         return np.maximum(0.0, np.expm1(self.log_remaining(ids, mask, feats)))

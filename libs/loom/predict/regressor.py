@@ -124,9 +124,7 @@ def build(base: str, seed: int = 0) -> LengthRegressor:
             f"{path} holds a {qcfg.model_type!r} model; the predictor fine-tunes Qwen3 checkpoints"
         )
     qcfg.pad_token_id = PAD_ID
-    backbone = AutoModel.from_pretrained(
-        path, config=qcfg, local_files_only=True, attn_implementation="eager"
-    )
+    backbone = AutoModel.from_pretrained(path, config=qcfg, local_files_only=True, **EAGER)
     cfg = RegressorConfig(base=str(path), pool=1, backbone={})
     return LengthRegressor(cfg, backbone)
 

@@ -50,13 +50,17 @@ class TrainReport:
 
 
 def tensors(examples: Sequence[Example], pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ids, mask = context.batch([e.ids for e in examples], PAD_ID, pool)
-    feats = np.stack([e.features for e in examples])
+    ids, mask, feats = context.inputs(examples, PAD_ID, pool)
     return torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(feats)
 
 
 def targets(examples: Sequence[Example]) -> torch.Tensor:
     return torch.tensor([math.log1p(e.remaining) for e in examples], dtype=torch.float32)
+
+
+def standard_targets(model: LengthRegressor, examples: Sequence[Example]) -> torch.Tensor:
+    """Targets in the standard units the head predicts in."""
+    return (targets(examples) - model.mean) / model.std
 
 
 def _val_loss(model: LengthRegressor, val: Sequence[Example], batch_size: int) -> float:
@@ -68,8 +72,7 @@ def _val_loss(model: LengthRegressor, val: Sequence[Example], batch_size: int) -
         for i in range(0, len(val), batch_size):
             chunk = val[i : i + batch_size]
             z = model.standard(*tensors(chunk, model.cfg.pool))
-            y = (targets(chunk) - model.mean) / model.std
-            total += float(((z - y) ** 2).sum())
+            total += float(((z - standard_targets(model, chunk)) ** 2).sum())
     model.train()
     return total / len(val)
 
@@ -89,6 +92,7 @@ def train(
         raise ValueError("no training examples")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    deadline = time.monotonic() + cfg.max_minutes * 60
     started = time.monotonic()
     state_path = out / "train_state.pt"
     model = regressor.build(cfg.base, cfg.seed)
@@ -132,7 +136,7 @@ def train(
                 ids, mask = ids.masked_fill(drop, PAD_ID), mask.masked_fill(drop, 0)
             z = model.standard(ids, mask, feats)
             w = torch.tensor([(e.step + 1.0) ** -cfg.early_weight for e in chunk])
-            err = (z - (targets(chunk) - model.mean) / model.std) ** 2
+            err = (z - standard_targets(model, chunk)) ** 2
             loss = (w * err).sum() / w.sum()
             opt.zero_grad()
             loss.backward()
@@ -143,7 +147,7 @@ def train(
             losses.append(loss.item())
             if on_step:
                 on_step(step, planned, losses[-1])
-            if time.monotonic() - started > cfg.max_minutes * 60:
+            if time.monotonic() > deadline:
                 break
         epoch += 1
         train_loss = float(np.mean(losses)) if losses else float("nan")
@@ -167,7 +171,7 @@ def train(
             },
             state_path,
         )
-        if time.monotonic() - started > cfg.max_minutes * 60:
+        if time.monotonic() > deadline:
             break
     return TrainReport(
         epochs=epoch,
