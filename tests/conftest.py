@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -95,3 +96,29 @@ async def services(nats_url: str) -> AsyncIterator[Services]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_image() -> str:
+    """A Docker engine (started if none answers) with the default sandbox image (built if missing).
+
+    Skips where no engine can run, unless LOOM_REQUIRE_DOCKER=1 (CI), where that is a failure.
+    """
+    from loom.sandbox import engine, images
+
+    async def ready() -> str | None:
+        if not await engine.ensure_engine():
+            return None
+        return await images.build(say=lambda s: print(s, flush=True))
+
+    try:
+        tag = asyncio.run(ready())
+    except Exception as e:
+        tag, why = None, str(e)
+    else:
+        why = "no Docker engine answers and none could be started"
+    if tag is None:
+        if os.environ.get("LOOM_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"Docker is required here: {why}")
+        pytest.skip(f"needs Docker: {why}")
+    return tag

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from loom_cli.bench import engine, envs, heddle_suite, placement, predictor, resources, rollout
+from loom_cli.bench import engine, envs, heddle_suite, placement, predictor, resources, rollout, sandbox
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -21,6 +21,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     predictor.BENCHMARK,
     resources.BENCHMARK,
     rollout.BENCHMARK,
+    sandbox.BENCHMARK,
 )
 
 

@@ -1,0 +1,236 @@
+"""Docker sandboxes over the Engine API (aiodocker).
+
+Each sandbox is one container: no network, read-only root, a tmpfs work directory owned by an
+unprivileged user, CPU, memory and pid limits, every capability dropped. Its main process is ``sleep``
+for the sandbox's longest life and the engine removes it when that exits (``AutoRemove``), so a
+container whose owner crashed dies on its own; the reaper removes those of dead owners sooner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import aiodocker
+from aiodocker.containers import DockerContainer
+
+from loom.sandbox import owner
+from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, ExecResult, Limits, SandboxError
+
+log = logging.getLogger(__name__)
+
+LABEL = "loom.sandbox"
+USER = "10001:10001"
+# One exec argument may not exceed the kernel's MAX_ARG_STRLEN (128 KiB); file chunks stay well under.
+CHUNK_BYTES = 64 * 1024
+GRACE_S = 5.0
+_WRITE = (
+    "import base64,json,os,sys\n"
+    "for p,mode,data in json.loads(sys.argv[1]):\n"
+    "    n=os.path.normpath(p)\n"
+    "    if os.path.isabs(n) or n.startswith('..'): sys.exit('bad path: '+p)\n"
+    "    d=os.path.dirname(n)\n"
+    "    d and os.makedirs(d,exist_ok=True)\n"
+    "    with open(n,mode) as f: f.write(base64.b64decode(data))\n"
+)
+
+
+def docker_url() -> str:
+    # Explicit, because aiodocker refuses to start when its default socket does not exist yet.
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+class DockerSandbox:
+    backend = "docker"
+
+    def __init__(self, engine: DockerBackend, container: DockerContainer, limits: Limits) -> None:
+        self.engine = engine
+        self.container = container
+        self.id = container.id[:12]
+        self.limits = limits
+        self.closed = False
+
+    async def exec(
+        self, cmd: list[str], *, timeout_s: float | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        t = self.limits.timeout_s if timeout_s is None else timeout_s
+        # timeout(1) puts the command in its own process group and kills the whole group, so a
+        # command's children (a fork bomb's included) die with it.
+        wrapped = ["timeout", "-s", "KILL", f"{t:.3f}s", *cmd]
+        cap = self.limits.output_bytes
+        out, err = bytearray(), bytearray()
+        truncated = False
+        t0 = time.monotonic()
+        try:
+            ex = await self.container.exec(
+                wrapped, user=USER, environment=env, workdir=WORKDIR, stdout=True, stderr=True
+            )
+            async with asyncio.timeout(t + GRACE_S):
+                async with ex.start(detach=False) as stream:
+                    while (msg := await stream.read_out()) is not None:
+                        buf = out if msg.stream == 1 else err
+                        room = cap - len(buf)
+                        if len(msg.data) > room:
+                            truncated = True
+                        if room > 0:
+                            buf.extend(msg.data[:room])
+                info = await ex.inspect()
+        except TimeoutError:
+            # The in-container timeout did not end it (a process that escaped the group): the sandbox
+            # can no longer be trusted, so it goes.
+            log.warning("sandbox %s: command outlived its timeout by %.0f s; removing it", self.id, GRACE_S)
+            await self.close()
+            return ExecResult(
+                TIMEOUT_EXIT,
+                out.decode(errors="replace"),
+                err.decode(errors="replace"),
+                time.monotonic() - t0,
+                timed_out=True,
+                truncated=truncated,
+            )
+        except aiodocker.DockerError as e:
+            raise SandboxError(f"sandbox {self.id}: {e.message}") from e
+        dt = time.monotonic() - t0
+        code = info.get("ExitCode")
+        if code is None:
+            raise SandboxError(f"sandbox {self.id}: exec ended without an exit code")
+        # SIGKILL from timeout(1) reads as 137; an OOM kill too, but that comes before the deadline.
+        timed_out = code == 128 + 9 and dt >= t
+        return ExecResult(
+            TIMEOUT_EXIT if timed_out else int(code),
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            dt,
+            timed_out=timed_out,
+            truncated=truncated,
+        )
+
+    async def write_files(self, files: dict[str, bytes | str]) -> None:
+        batch: list[tuple[str, str, str]] = []
+        size = 0
+        for path, data in files.items():
+            raw = data.encode() if isinstance(data, str) else data
+            chunks = [raw[i : i + CHUNK_BYTES] for i in range(0, len(raw), CHUNK_BYTES)] or [b""]
+            for i, c in enumerate(chunks):
+                if size + len(c) > CHUNK_BYTES and batch:
+                    await self._write(batch)
+                    batch, size = [], 0
+                batch.append((path, "wb" if i == 0 else "ab", base64.b64encode(c).decode()))
+                size += len(c)
+        if batch:
+            await self._write(batch)
+
+    async def _write(self, batch: list[tuple[str, str, str]]) -> None:
+        r = await self.exec(["python3", "-c", _WRITE, json.dumps(batch)])
+        if not r.ok:
+            raise SandboxError(f"sandbox {self.id}: writing files failed: {r.stderr.strip()[-300:]}")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.engine.remove(self.container)
+
+
+class DockerBackend:
+    """Creates and removes sandbox containers; one Engine API session per backend."""
+
+    name = "docker"
+
+    def __init__(self, image: str, *, lifetime_s: float = 3600.0, pool: str = "default") -> None:
+        self.image = image
+        self.lifetime_s = lifetime_s
+        self.pool = pool
+        self.docker = aiodocker.Docker(url=docker_url())
+
+    async def check(self) -> None:
+        """Raise SandboxError unless the engine answers and has the image."""
+        try:
+            await self.docker.version()
+        except Exception as e:
+            raise SandboxError(f"no Docker engine answers: {e}") from e
+        try:
+            await self.docker.images.inspect(self.image)
+        except aiodocker.DockerError as e:
+            raise SandboxError(f"image {self.image} is missing: run `loom images build`") from e
+
+    def config(self, limits: Limits) -> dict[str, Any]:
+        expires = time.time() + self.lifetime_s
+        return {
+            "Image": self.image,
+            "Cmd": ["sleep", str(int(self.lifetime_s))],
+            "User": USER,
+            "WorkingDir": WORKDIR,
+            "Env": ["HOME=/work", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "LANG=C.UTF-8"],
+            "NetworkDisabled": True,
+            "Labels": {
+                LABEL: "1",
+                "loom.owner": owner.token(),
+                "loom.pool": self.pool,
+                "loom.expires": f"{expires:.0f}",
+            },
+            "HostConfig": {
+                "NetworkMode": "none",
+                "ReadonlyRootfs": True,
+                "Tmpfs": {
+                    WORKDIR: f"rw,exec,nosuid,nodev,size={limits.work_mb}m,uid=10001,gid=10001,mode=0700",
+                    "/tmp": "rw,nosuid,nodev,size=16m,mode=1777",
+                },
+                "NanoCpus": int(limits.cpus * 1e9),
+                "Memory": limits.memory_mb << 20,
+                "MemorySwap": limits.memory_mb << 20,
+                "PidsLimit": limits.pids,
+                "CapDrop": ["ALL"],
+                "SecurityOpt": ["no-new-privileges"],
+                "Ulimits": [{"Name": "nofile", "Soft": 1024, "Hard": 1024}],
+                "Init": True,
+                "AutoRemove": True,
+            },
+        }
+
+    async def create(self, limits: Limits) -> DockerSandbox:
+        name = f"loom-sbx-{uuid.uuid4().hex[:12]}"
+        try:
+            c = await self.docker.containers.run(self.config(limits), name=name)
+        except aiodocker.DockerError as e:
+            raise SandboxError(f"creating a sandbox from {self.image}: {e.message}") from e
+        return DockerSandbox(self, c, limits)
+
+    async def remove(self, c: DockerContainer) -> None:
+        with contextlib.suppress(aiodocker.DockerError):
+            await c.delete(force=True)
+
+    async def reap(self) -> int:
+        """Remove sandboxes past their life or whose owner process is gone; returns how many."""
+        filters = json.dumps({"label": [LABEL]})
+        try:
+            cs = await self.docker.containers.list(all=True, filters=filters)
+        except aiodocker.DockerError as e:
+            raise SandboxError(f"listing sandboxes: {e.message}") from e
+        n = 0
+        now = time.time()
+        for c in cs:
+            labels = c._container.get("Labels") or {}
+            expired = float(labels.get("loom.expires", "0") or 0) < now
+            if expired or not owner.alive(labels.get("loom.owner", "")):
+                await self.remove(c)
+                n += 1
+        if n:
+            log.info("reaped %d orphaned sandboxes", n)
+        return n
+
+    async def count(self) -> int:
+        cs = await self.docker.containers.list(all=True, filters=json.dumps({"label": [LABEL]}))
+        return len(cs)
+
+    async def close(self) -> None:
+        await self.docker.close()
