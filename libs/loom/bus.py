@@ -128,6 +128,7 @@ async def ensure_streams(js: JetStreamContext) -> None:
         await ensure_stream(js, cfg)
     await ensure_kv(js, subjects.KV_JOBS)
     await ensure_kv(js, subjects.KV_TRAJ)
+    await ensure_kv(js, subjects.KV_GROUPS)
     await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
 
 

@@ -18,12 +18,14 @@ from nats.js.errors import KeyNotFoundError
 
 from loom import results
 from loom.bus import kv_key
+from loom.envs import registry
 from loom.genclient import GenClient
 from loom.protocol import (
     TERMINAL_JOB_STATES,
     AbortRequest,
     CancelJob,
     DecodeError,
+    GroupDone,
     Job,
     RewardRequest,
     Trajectory,
@@ -33,9 +35,15 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.sandbox import Limits
+from loom.sandbox.engine import choose_backend
+from loom.sandbox.pool import Backend, SandboxPool
 from loom.service import Runtime
 from loom.workqueue import WorkQueueConsumer
-from services.envmgr.replay import LoopContext, TrajectoryAborted, run_replay
+from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted
+from services.envmgr.env_loop import run_env
+from services.envmgr.groups import GroupLedger
+from services.envmgr.replay import run_replay
 from services.envmgr.settings import EnvmgrSettings
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,12 @@ class Running:
     msg: Msg
     task: asyncio.Task[Any] | None = None
     cancelled_by_job: bool = False
+    # Cancelled because its group already has its samples (redundant rollouts).
+    redundant: bool = False
+
+
+class Redundant(Exception):
+    """A redundant sample whose group finished without it."""
 
 
 class EnvManager:
@@ -62,9 +76,38 @@ class EnvManager:
         self.m_steps = m.counter("steps_total", "LLM steps taken")
         self.m_active = m.gauge("active_trajectories", "Trajectories running")
         self.m_traj_s = m.histogram("trajectory_seconds", "Trajectory duration (simulated)")
+        self.env_metrics = EnvMetrics(
+            reset_s=m.histogram("env_reset_seconds", "Environment reset latency (wall)", ["env"]),
+            step_s=m.histogram("env_step_seconds", "Tool call latency (wall)", ["env", "tool"]),
+            failures=m.counter("env_failures_total", "Environment failures", ["env", "kind"]),
+        )
+        self.m_pool = m.gauge("sandboxes", "Sandboxes by state", ["state"])
+        self.pool: SandboxPool | None = None
+        self._backend: Backend | None = None
+        self._pool_lock = asyncio.Lock()
+        self.job_slots: dict[str, asyncio.Semaphore] = {}
 
     def health(self) -> dict[str, Any]:
-        return {"active": len(self.running), "cancelled_jobs": len(self.cancelled_jobs)}
+        h: dict[str, Any] = {"active": len(self.running), "cancelled_jobs": len(self.cancelled_jobs)}
+        if self.pool is not None:
+            st = self.pool.snapshot()
+            h["sandbox"] = {"backend": self.pool.backend_name, "warm": st.warm, "in_use": st.in_use}
+        return h
+
+    async def sandbox_pool(self) -> SandboxPool:
+        """Made on the first trajectory that needs one, so that replay-only managers need no Docker."""
+        async with self._pool_lock:
+            if self.pool is None:
+                s = self.settings
+                self._backend = await choose_backend(
+                    s.sandbox_backend, image=s.sandbox_image, pool=s.instance
+                )
+                limits = Limits(cpus=s.sandbox_cpus, memory_mb=s.sandbox_memory_mb, pids=s.sandbox_pids)
+                pool = SandboxPool(self._backend, limits, warm=s.sandbox_warm, max_sandboxes=s.sandbox_max)
+                await pool.start()
+                self.pool = pool
+                log.info("sandboxes: %s backend, %d warm", self._backend.name, s.sandbox_warm)
+            return self.pool
 
     async def run(self, rt: Runtime) -> None:
         self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
@@ -74,8 +117,11 @@ class EnvManager:
             clock=rt.clock,
             gen=GenClient(rt.nc, lease_s=self.settings.lease_s, give_up_s=self.settings.gen_give_up_s),
             predict_timeout_s=self.settings.predict_timeout_s,
+            metrics=self.env_metrics,
         )
+        self.groups = GroupLedger(await rt.js.key_value(subjects.KV_GROUPS))
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
+        await rt.subscribe(subjects.CONTROL_GROUP_DONE, GroupDone, self.on_group_done)
         consumer = WorkQueueConsumer(
             rt,
             stream=subjects.STREAM_TRAJWORK,
@@ -85,11 +131,17 @@ class EnvManager:
             capacity=self.settings.concurrency,
             handler=self._accept,
         )
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(consumer.run())
-            tg.create_task(self._progress_forever())
-        # Shutting down: stop every trajectory and return it to the queue for another manager.
-        await consumer.finish(0)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(consumer.run())
+                tg.create_task(self._progress_forever())
+            # Shutting down: stop every trajectory and return it to the queue for another manager.
+            await consumer.finish(0)
+        finally:
+            if self.pool is not None:
+                await self.pool.close()
+            if self._backend is not None:
+                await self._backend.close()
 
     async def _accept(self, m: Msg) -> None:
         try:
@@ -106,7 +158,16 @@ class EnvManager:
             return
         r = self.running[key] = Running(work, m, asyncio.current_task())
         self.m_active.set(len(self.running))
-        await self._run_one(key, r)
+        try:
+            await self._run_one(key, r)
+        finally:
+            self.running.pop(key, None)
+            self.m_active.set(len(self.running))
+
+    def _slots(self, w: TrajWork) -> asyncio.Semaphore | contextlib.nullcontext[None]:
+        if w.env_concurrency is None:
+            return contextlib.nullcontext()
+        return self.job_slots.setdefault(w.job_id, asyncio.Semaphore(w.env_concurrency))
 
     async def _job_over(self, job_id: str) -> bool:
         if job_id in self.cancelled_jobs:
@@ -127,22 +188,42 @@ class EnvManager:
             return False
         return entry.value is not None and decode(entry.value, TrajMeta).state in ("done", "failed")
 
+    async def _run(self, w: TrajWork) -> Trajectory:
+        async with self._slots(w):
+            if w.redundancy and await self.groups.full(w):
+                raise Redundant("its group already had its samples")
+            if w.env == "replay":
+                return await run_replay(w, self.ctx)
+            pool = await self.sandbox_pool() if w.env in registry.SANDBOXED else None
+            return await run_env(w, self.ctx, pool)
+
     async def _run_one(self, key: str, r: Running) -> None:
         w = r.work
         outcome = "completed"
         try:
             try:
-                traj = await run_replay(w, self.ctx)
+                traj = await self._run(w)
+                if w.redundancy:
+                    traj = await self._keep_or_drop(traj, w)
             except asyncio.CancelledError:
-                if not r.cancelled_by_job:
+                if r.redundant:
+                    outcome = "redundant"
+                    traj = self._failed(w, Redundant("its group finished first"))
+                elif not r.cancelled_by_job:
                     outcome = "handed_back"
                     await r.msg.nak()
                     raise
-                outcome = "cancelled"
-                await r.msg.ack()
-                return
+                else:
+                    outcome = "cancelled"
+                    await r.msg.ack()
+                    return
+            except Redundant as e:
+                outcome = "redundant"
+                traj = self._failed(w, e)
             except Exception as e:
                 outcome = "failed"
+                kind = type(e).__name__
+                self.env_metrics.failures.labels(w.env, kind).inc()
                 log.warning("trajectory %s failed: %s", key, e)
                 traj = self._failed(w, e)
             self.m_steps.inc(len(traj.steps))
@@ -150,18 +231,38 @@ class EnvManager:
             # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
             await self.rt.js.publish(
                 subjects.reward_submit(w.job_id),
-                encode(RewardRequest(traj)),
+                encode(RewardRequest(traj, kind=w.env)),
                 headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
             )
             await r.msg.ack()
         finally:
             self.m_trajs.labels(outcome).inc()
-            self.running.pop(key, None)
-            self.m_active.set(len(self.running))
+            if self.pool is not None:
+                st = self.pool.snapshot()
+                for state in ("warm", "in_use", "creating"):
+                    self.m_pool.labels(state).set(getattr(st, state))
+
+    async def _keep_or_drop(self, traj: Trajectory, w: TrajWork) -> Trajectory:
+        """Redundant rollouts: the first group_size completed samples of a group are kept."""
+        if traj.status != "completed":
+            return traj
+        kept = await self.groups.claim(w)
+        if kept is None:
+            raise Redundant("its group already had its samples")
+        if len(kept) == w.group_size:
+            await self.rt.nc.publish(subjects.CONTROL_GROUP_DONE, encode(GroupDone(w.job_id, w.group, kept)))
+        return traj
 
     def _failed(self, w: TrajWork, e: Exception) -> Trajectory:
         now = self.rt.clock.now()
-        reason = "aborted" if isinstance(e, TrajectoryAborted) else f"error: {type(e).__name__}: {e}"
+        aborted = isinstance(e, TrajectoryAborted | Redundant)
+        reason = (
+            f"redundant: {e}"
+            if isinstance(e, Redundant)
+            else "aborted"
+            if isinstance(e, TrajectoryAborted)
+            else f"error: {type(e).__name__}: {e}"
+        )
         return Trajectory(
             job_id=w.job_id,
             traj_id=w.traj_id,
@@ -169,7 +270,7 @@ class EnvManager:
             group=w.group,
             sample=w.sample,
             env=w.env,
-            status="aborted" if isinstance(e, TrajectoryAborted) else "failed",
+            status="aborted" if aborted else "failed",
             finish_reason=reason[:500],
             steps=[],
             started_at=now,
@@ -185,6 +286,15 @@ class EnvManager:
                 with contextlib.suppress(Exception):
                     await r.msg.in_progress()
             await self.rt.wait_stop(period)
+
+    async def on_group_done(self, g: GroupDone, _msg: Msg) -> None:
+        """Abort this group's other samples; cancelling their loops aborts their engine requests."""
+        kept = set(g.kept)
+        for r in list(self.running.values()):
+            w = r.work
+            if w.job_id == g.job_id and w.group == g.group and w.traj_id not in kept and r.task is not None:
+                r.redundant = True
+                r.task.cancel()
 
     async def on_cancel(self, c: CancelJob, _msg: Msg) -> None:
         self.cancelled_jobs.add(c.job_id)

@@ -3,43 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-from dataclasses import dataclass
 
-from nats.aio.client import Client as NATS
-
-from loom.bus import request
-from loom.clock import Clock
 from loom.envs.replay import ReplayEnv
-from loom.genclient import GenClient
 from loom.predict import context as predict_context
-from loom.protocol import (
-    GenRequest,
-    Prediction,
-    PredictRequest,
-    PriorityUpdate,
-    Step,
-    Trajectory,
-    TrajWork,
-    encode,
-    subjects,
-)
+from loom.protocol import GenRequest, Step, Trajectory, TrajWork
 from loom.traces import load_traces
-
-log = logging.getLogger(__name__)
-
-
-class TrajectoryAborted(Exception):
-    pass
-
-
-@dataclass
-class LoopContext:
-    nc: NATS
-    clock: Clock
-    gen: GenClient
-    predict_timeout_s: float
+from services.envmgr.context import LoopContext, TrajectoryAborted
+from services.envmgr.prediction import await_prediction, predict
 
 
 async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
@@ -77,11 +47,11 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
             # context so far, this call's action included, its observation not yet.
             pieces = predict_context.step_pieces(actions, observations, k + 1)
             pred = asyncio.create_task(
-                _predict(ctx, work, k + 1, call.input_len + res.output_len, generated, trace.task, pieces)
+                predict(ctx, work, k + 1, call.input_len + res.output_len, generated, trace.task, pieces)
             )
             await ctx.clock.sleep(tool_s)
             context = call.input_len + res.output_len
-            priority = await _await_prediction(ctx, work, k, pred, priority, context, generated)
+            priority = await await_prediction(ctx, work, k, pred, priority, context, generated)
         steps.append(
             Step(
                 index=k,
@@ -111,61 +81,3 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
         finished_at=ctx.clock.now(),
         info={"trace_id": trace_id, "traces_path": path},
     )
-
-
-async def _predict(
-    ctx: LoopContext,
-    work: TrajWork,
-    step: int,
-    context_len: int,
-    generated: int,
-    prompt: str,
-    pieces: list[str],
-) -> Prediction:
-    """The predictor's estimate after ``step`` model calls (step 0 is the prompt alone, at admission)."""
-    req = PredictRequest(
-        work.job_id,
-        work.traj_id,
-        work.task.id,
-        step,
-        context_len,
-        generated,
-        prompt=predict_context.clip_prompt(prompt),
-        pieces=predict_context.clip_pieces(pieces),
-    )
-    return await request(ctx.nc, subjects.PREDICT, req, Prediction, timeout_s=ctx.predict_timeout_s)
-
-
-async def _await_prediction(
-    ctx: LoopContext,
-    work: TrajWork,
-    step: int,
-    pred: asyncio.Task[Prediction],
-    priority: float,
-    context_len: int,
-    generated: int,
-) -> float:
-    try:
-        p = await asyncio.wait_for(pred, ctx.predict_timeout_s)
-    except Exception as e:  # a missing prediction never stalls a trajectory
-        if not pred.done():
-            pred.cancel()
-            with contextlib.suppress(BaseException):
-                await pred
-        log.debug("no prediction for %s step %d: %s", work.traj_id, step, e)
-        return priority
-    # Longest predicted trajectory first (Heddle Algorithm 1, line 3: priority = the predicted length, which
-    # stays put as a trajectory progresses; its remaining work would shrink and let fresh ones overtake it).
-    total = float(generated) + p.remaining_tokens
-    upd = PriorityUpdate(
-        work.job_id,
-        work.traj_id,
-        total,
-        p.remaining_tokens,
-        step,
-        context_len=context_len,
-        generated_tokens=generated,
-        method=p.method,
-    )
-    await ctx.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
-    return total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from loom.protocol import RewardRequest
+from loom.rewards.env_verdict import ENV_VERDICTS, env_verdict
 from loom.rewards.replay import replay_reward
 
 
@@ -17,4 +18,6 @@ def score(req: RewardRequest) -> float | None:
         return None
     if req.kind == "replay":
         return replay_reward(traj, traj.info.get("traces_path"))
+    if req.kind in ENV_VERDICTS:
+        return env_verdict(traj)
     raise UnknownReward(f"no reward function {req.kind!r}")

@@ -36,7 +36,7 @@ from loom.service import Runtime
 from loom.workers import read_workers
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import expand, resolve_tasks
+from services.scheduler.tasks import expand, resolve_tasks, samples_per_group
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class JobManager:
             spec=spec,
             state="pending",
             created_at=self.rt.clock.now(),
-            n_trajectories=len(tasks) * spec.group_size,
+            n_trajectories=len(tasks) * samples_per_group(spec),
         )
         await self._save(job)
         self.done[job_id] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loom.envs import registry
 from loom.protocol import JobSpec, TaskSpec, TrajWork
 from loom.traces import Trace, TraceError, load_traces
 
@@ -20,6 +21,8 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
         raise SpecError(["dataset"], "give either tasks or dataset, not both")
     if not spec.tasks and spec.dataset is None:
         raise SpecError(["tasks"], "a job needs tasks or a dataset")
+    if spec.env != "replay":
+        return _env_tasks(spec)
     path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces
     try:
         traces = load_traces(path)
@@ -41,6 +44,35 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
             raise SpecError(["tasks", n, "data", "trace_id"], f"unknown trace id {tid!r}")
         out.append(TaskSpec(id=t.id, data={**t.data, **_replay_data(traces[tid], path)}))
     return out
+
+
+def _env_tasks(spec: JobSpec) -> list[TaskSpec]:
+    """Tasks of the code, math and search environments, from a task set (by name or per task)."""
+    ds = spec.dataset
+    name: str
+    if ds is not None:
+        name, path = ds.name, ds.path
+        loc: list[str | int] = ["dataset", "name"]
+    else:
+        first = spec.tasks[0].data.get("set", registry.DATASETS[spec.env][0])
+        name, path = str(first), spec.tasks[0].data.get("path")
+        loc = ["tasks", 0, "data", "set"]
+    try:
+        if ds is not None:
+            specs = registry.task_specs(spec.env, name, path)
+            specs = specs[ds.offset :][: ds.limit] if ds.limit is not None else specs[ds.offset :]
+            if not specs:
+                raise SpecError(["dataset", "offset"], f"offset {ds.offset} is past the tasks of {name}")
+        else:
+            specs = registry.task_specs(spec.env, name, path, [t.id for t in spec.tasks])
+        if spec.scripted:
+            for t in specs:
+                registry.reference_actions(spec.env, t)
+    except SpecError:
+        raise
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise SpecError(loc, str(e).strip("'\"")) from e
+    return specs
 
 
 def _replay_data(trace: Trace, path: str | None) -> dict[str, object]:
@@ -66,7 +98,16 @@ def expand(job_id: str, spec: JobSpec) -> list[TrajWork]:
             max_tokens=spec.max_tokens,
             tool_latency=spec.tool_latency,
             seed=spec.seed * 1_000_003 + g * 1009 + s,
+            scripted=spec.scripted,
+            group_size=spec.group_size,
+            redundancy=spec.redundancy,
+            env_concurrency=spec.env_concurrency,
+            tool_timeout_s=spec.tool_timeout_s,
         )
         for g, task in enumerate(spec.tasks)
-        for s in range(spec.group_size)
+        for s in range(samples_per_group(spec))
     ]
+
+
+def samples_per_group(spec: JobSpec) -> int:
+    return spec.group_size + spec.redundancy

@@ -26,7 +26,7 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
 class DatasetRef(Struct, forbid_unknown_fields=True):
     """Tasks taken from a named data set instead of listed inline."""
 
-    name: Literal["swe-replay"]
+    name: Literal["swe-replay", "humaneval", "mbpp", "gsm8k", "gsm8k-train", "hotpotqa"]
     path: str | None = None
     offset: NonNeg = 0
     limit: Annotated[int, Meta(ge=1, le=100_000)] | None = None
@@ -101,7 +101,7 @@ PRESETS: dict[str, ResolvedPolicy] = {
 
 class JobSpec(Struct, forbid_unknown_fields=True):
     name: Annotated[str, Meta(max_length=256)] = ""
-    env: Literal["replay"] = "replay"
+    env: Literal["replay", "code", "math", "search"] = "replay"
     model: Annotated[str, Meta(min_length=1, max_length=128)] = "qwen3-8b"
     tasks: list[TaskSpec] = []
     dataset: DatasetRef | None = None
@@ -111,6 +111,16 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     tool_latency: ToolLatency = msgspec.field(default_factory=ToolLatency)
     policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
     seed: NonNeg = 0
+    # The model's actions come from the task's reference solution, the engine generating as many tokens
+    # (the simulated engine returns lengths, not text); off, actions are the engine's decoded output.
+    scripted: bool = False
+    # Redundant environment rollouts (RollArt): this many extra samples per group are started, the first
+    # group_size to finish are kept, the rest aborted with their engine requests.
+    redundancy: Annotated[int, Meta(ge=0, le=1024)] = 0
+    # Trajectories of this job one environment manager runs at once (None: its own capacity).
+    env_concurrency: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    # Wall-clock limit of one tool call in a sandbox.
+    tool_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
 
 JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
@@ -147,6 +157,12 @@ class TrajWork(Struct):
     max_tokens: Pos
     tool_latency: ToolLatency
     seed: NonNeg = 0
+    scripted: bool = False
+    # Samples kept per group; more than this were started when the job asked for redundancy.
+    group_size: Pos = 1
+    redundancy: NonNeg = 0
+    env_concurrency: Pos | None = None
+    tool_timeout_s: NonNegF = 10.0
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]
@@ -356,6 +372,14 @@ class WarmDone(Struct):
 
 class CancelJob(Struct):
     job_id: str
+
+
+class GroupDone(Struct):
+    """A group has its ``kept`` samples: its redundant samples still running are to be aborted."""
+
+    job_id: str
+    group: NonNeg
+    kept: list[str] = []
 
 
 # ---------------------------------------------------------------- prediction

@@ -55,6 +55,7 @@ def control(kind: str) -> str:
 CONTROL_PRIORITY = control("priority")
 CONTROL_PLACEMENT = control("placement")
 CONTROL_CANCEL = control("cancel")
+CONTROL_GROUP_DONE = control("group_done")
 
 
 def traj_work(job_id: str) -> str:
@@ -93,6 +94,8 @@ STREAM_DLQ_SUBJECTS = [f"{PREFIX}.dlq.>"]
 # KV buckets.
 KV_JOBS = "loom_jobs"
 KV_TRAJ = "loom_traj"
+# Per group: the trajectories kept so far (redundant rollouts stop at group_size), key <job>.<group>.
+KV_GROUPS = "loom_groups"
 KV_WORKERS = "loom_workers"
 
 QUEUE_GROUP = "loom"

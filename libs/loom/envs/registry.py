@@ -1,0 +1,96 @@
+"""Which environments exist, which task sets feed them, and how a trajectory's environment is made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom.envs import hotpotqa, tasksets
+from loom.envs.base import Env
+from loom.envs.code_env import CodeEnv
+from loom.envs.math_env import MathEnv
+from loom.envs.search_env import SearchEnv, index
+from loom.protocol import TaskSpec
+from loom.sandbox import Sandbox
+from loom.tokenizer import count_tokens
+
+# Environment -> the task sets it runs (the first is its default).
+DATASETS: dict[str, tuple[str, ...]] = {
+    "code": ("humaneval", "mbpp"),
+    "math": ("gsm8k", "gsm8k-train"),
+    "search": ("hotpotqa",),
+}
+SANDBOXED = frozenset({"code", "math"})
+
+
+def _load(name: str, path: str | None) -> dict[str, Any]:
+    if name == "humaneval":
+        return dict(tasksets.humaneval(path))
+    if name == "mbpp":
+        return dict(tasksets.mbpp(path))
+    if name in ("gsm8k", "gsm8k-train"):
+        return dict(tasksets.gsm8k(path, "test" if name == "gsm8k" else "train"))
+    if name == "hotpotqa":
+        return {q.id: q for q in hotpotqa.load(path).questions}
+    raise KeyError(f"unknown task set {name!r}")
+
+
+def statement(task: Any) -> str:
+    if isinstance(task, tasksets.CodeTask):
+        return task.prompt
+    if isinstance(task, tasksets.MathTask):
+        return task.question
+    return str(task.question)
+
+
+def task_specs(env: str, name: str, path: str | None, ids: list[str] | None = None) -> list[TaskSpec]:
+    """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction."""
+    if name not in DATASETS.get(env, ()):
+        raise ValueError(f"environment {env!r} runs {list(DATASETS.get(env, ()))}, not {name!r}")
+    tasks = _load(name, path)
+    chosen = list(tasks) if ids is None else ids
+    missing = [i for i in chosen if i not in tasks]
+    if missing:
+        raise KeyError(f"unknown task id {missing[0]!r} in {name}")
+    out = []
+    for i in chosen:
+        text = statement(tasks[i])
+        out.append(
+            TaskSpec(
+                id=i,
+                data={"set": name, "path": path, "prompt": text, "prompt_tokens": count_tokens(text)},
+            )
+        )
+    return out
+
+
+def task_of(spec: TaskSpec) -> Any:
+    return _load(str(spec.data["set"]), spec.data.get("path"))[spec.id]
+
+
+class _NoSandbox:
+    """Stands in where only the reference actions are wanted; any use is a bug."""
+
+    id = backend = "none"
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("this environment was made without a sandbox")
+
+
+def reference_actions(env: str, spec: TaskSpec) -> list[str]:
+    """The scripted actions for a task; ValueError when its task set has no reference solution."""
+    return make(env, spec, _NoSandbox(), 1.0).reference_actions()
+
+
+def make(env: str, spec: TaskSpec, sandbox: Sandbox | None, timeout_s: float) -> Env:
+    task = task_of(spec)
+    if env in SANDBOXED and sandbox is None:
+        raise ValueError(f"environment {env!r} needs a sandbox")
+    if env == "code":
+        assert sandbox is not None
+        return CodeEnv(task, sandbox, timeout_s)
+    if env == "math":
+        assert sandbox is not None
+        return MathEnv(task, sandbox, timeout_s)
+    if env == "search":
+        return SearchEnv(task, index(spec.data.get("path")))
+    raise ValueError(f"unknown environment {env!r}")

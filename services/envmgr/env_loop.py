@@ -1,0 +1,200 @@
+"""The per-trajectory loop for live environments (code, math, search): generate, parse, run the tool,
+predict while it runs, repeat until the environment says done or a turn or token budget runs out.
+
+Environment failures (a sandbox that will not start, an engine error) are retried with exponential
+backoff and jitter; when retries run out the trajectory ends with the reason, and only that trajectory.
+A model's unparsable action is not a failure: the model is told what was wrong and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from loom.envs import actions, registry
+from loom.envs.base import Env, EnvError, Observation
+from loom.predict import context as predict_context
+from loom.protocol import GenRequest, Step, Trajectory, TrajWork
+from loom.sandbox import SandboxError
+from loom.sandbox.pool import SandboxPool
+from loom.tokenizer import qwen_tokenizer
+from services.envmgr.context import LoopContext, TrajectoryAborted
+from services.envmgr.prediction import await_prediction, predict
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRIES = 3
+# Beyond the command's own timeout: what an engine call around it may take before the step is failed.
+STEP_SLACK_S = 30.0
+
+
+def backoff_s(attempt: int, base: float = 0.2, cap: float = 5.0, rng: random.Random | None = None) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2^attempt)]."""
+    return (rng or random).uniform(0.0, min(cap, base * 2**attempt))
+
+
+async def with_retries(what: str, fn: Callable[[], Awaitable[T]], attempts: int = RETRIES) -> T:
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except (SandboxError, EnvError, TimeoutError) as e:
+            if attempt == attempts - 1:
+                raise EnvError(f"{what} failed after {attempts} attempts: {e}") from e
+            log.info("%s failed (%s); retrying", what, e)
+            await asyncio.sleep(backoff_s(attempt))
+    raise AssertionError("unreachable")
+
+
+async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
+    key = f"{work.job_id}.{work.traj_id}"
+    if work.env in registry.SANDBOXED and pool is None:
+        raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
+    started = ctx.clock.now()
+    backend = ["none"]
+    try:
+        t0 = time.perf_counter()
+
+        async def reset() -> tuple[Env, str]:
+            try:
+                sb = await pool.acquire(key) if pool is not None and work.env in registry.SANDBOXED else None
+                env = registry.make(work.env, work.task, sb, work.tool_timeout_s)
+                backend[0] = sb.backend if sb is not None else "none"
+                return env, await env.reset()
+            except (SandboxError, EnvError, TimeoutError):
+                if pool is not None:
+                    await pool.release(key)  # the next attempt starts from a fresh sandbox
+                raise
+
+        env, prompt = await with_retries("environment reset", reset)
+        if ctx.metrics:
+            ctx.metrics.reset_s.labels(work.env).observe(time.perf_counter() - t0)
+        script = env.reference_actions() if work.scripted else None
+        steps, finish = await _episode(work, ctx, env, prompt, script)
+        verdict = env.verdict()
+        await env.close()
+    finally:
+        if pool is not None:
+            await pool.release(key)
+    return Trajectory(
+        job_id=work.job_id,
+        traj_id=work.traj_id,
+        task_id=work.task.id,
+        group=work.group,
+        sample=work.sample,
+        env=work.env,
+        status="completed",
+        finish_reason=finish,
+        steps=steps,
+        started_at=started,
+        finished_at=ctx.clock.now(),
+        info={
+            "set": work.task.data.get("set"),
+            "verdict": verdict,
+            "scripted": work.scripted,
+            "sandbox": backend[0],
+        },
+    )
+
+
+async def _episode(
+    work: TrajWork, ctx: LoopContext, env: Env, prompt: str, script: list[str] | None
+) -> tuple[list[Step], str]:
+    tok = qwen_tokenizer()
+    context = prompt
+    acts: list[str] = []
+    observations: list[str] = []
+    steps: list[Step] = []
+    generated = 0
+    priority = 0.0
+    for k in range(work.max_turns):
+        if script is not None and k >= len(script):
+            return steps, "script_exhausted"
+        budget = work.max_tokens - generated
+        if budget <= 0:
+            return steps, "max_tokens"
+        ids = tok.encode(context, disallowed_special=())
+        want = len(tok.encode(script[k], disallowed_special=())) if script is not None else budget
+        t0 = ctx.clock.now()
+        req = GenRequest(
+            rid=f"{work.job_id}.{work.traj_id}.{k}",
+            job_id=work.job_id,
+            traj_id=work.traj_id,
+            step=k,
+            input_len=max(1, len(ids)),
+            max_new_tokens=max(1, min(want, budget)),
+            # A real engine needs the tokens; a scripted rollout only their count.
+            input_ids=None if script is not None else ids,
+            ignore_eos=script is not None,
+            priority=priority,
+        )
+        res = await ctx.gen.generate(req)
+        if res.finish_reason == "abort":
+            raise TrajectoryAborted(f"step {k} aborted by the engine")
+        gen_s = ctx.clock.now() - t0
+        generated += res.output_len
+        if res.output_ids is not None and script is None:
+            text = tok.decode(res.output_ids)
+        elif script is not None:
+            # Cut where the engine stopped (the token budget), as a real model's output would be.
+            text = (
+                script[k] if res.output_len >= want else tok.decode(tok.encode(script[k])[: res.output_len])
+            )
+        else:
+            raise EnvError(
+                "the engine returned no text; a simulated engine needs a scripted job (scripted: true)"
+            )
+        acts.append(text)
+        t1 = ctx.clock.now()
+        pieces = predict_context.step_pieces(acts, [*observations, ""], k + 1)
+        pred = asyncio.create_task(
+            predict(ctx, work, k + 1, len(ids) + res.output_len, generated, prompt, pieces)
+        )
+        obs = await _tool(work, ctx, env, text)
+        tool_s = ctx.clock.now() - t1
+        priority = await await_prediction(ctx, work, k, pred, priority, len(ids) + res.output_len, generated)
+        observations.append(obs.text)
+        steps.append(
+            Step(
+                index=k,
+                prompt_len=len(ids),
+                output_len=res.output_len,
+                action=text,
+                observation=obs.text,
+                worker_id=res.worker_id,
+                started_at=t0,
+                queue_s=res.queue_s,
+                gen_s=gen_s,
+                tool_s=tool_s,
+                attempts=req.attempt,
+            )
+        )
+        context += f"{text}\nObservation: {obs.text}\n"
+        if obs.done:
+            return steps, "done"
+    return steps, "max_turns"
+
+
+async def _tool(work: TrajWork, ctx: LoopContext, env: Env, text: str) -> Observation:
+    try:
+        call = actions.parse(text)
+    except actions.ParseError as e:
+        if ctx.metrics:
+            ctx.metrics.failures.labels(work.env, "parse").inc()
+        return Observation(f"Invalid action: {e}")
+    t0 = time.perf_counter()
+
+    async def step() -> Observation:
+        async with asyncio.timeout(work.tool_timeout_s + STEP_SLACK_S):
+            return await env.step(call)
+
+    try:
+        obs = await with_retries(f"tool {call.name}", step)
+    finally:
+        if ctx.metrics:
+            ctx.metrics.step_s.labels(work.env, call.name).observe(time.perf_counter() - t0)
+    return obs

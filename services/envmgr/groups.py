@@ -1,0 +1,51 @@
+"""Which samples a group keeps when it was started with redundant ones (RollArt's redundant rollouts).
+
+One KV entry per group lists the trajectories kept so far; a finishing sample claims a place with a
+compare-and-set, so that across any number of managers exactly ``group_size`` samples are kept.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from loom.bus import kv_key
+from loom.protocol import TrajWork
+
+
+class GroupLedger:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def _read(self, key: str) -> tuple[list[str], int | None]:
+        try:
+            e = await self.kv.get(key)
+        except KeyNotFoundError:
+            return [], None
+        return (json.loads(e.value) if e.value else []), e.revision
+
+    async def full(self, w: TrajWork) -> bool:
+        kept, _ = await self._read(kv_key(w.job_id, str(w.group)))
+        return len(kept) >= w.group_size and w.traj_id not in kept
+
+    async def claim(self, w: TrajWork) -> list[str] | None:
+        """The group's kept samples with this one among them, or None if the group was already full."""
+        key = kv_key(w.job_id, str(w.group))
+        while True:
+            kept, rev = await self._read(key)
+            if w.traj_id in kept:
+                return kept  # a redelivered trajectory that had claimed its place
+            if len(kept) >= w.group_size:
+                return None
+            new = [*kept, w.traj_id]
+            data = json.dumps(new).encode()
+            try:
+                if rev is None:
+                    await self.kv.create(key, data)
+                else:
+                    await self.kv.update(key, data, last=rev)
+                return new
+            except KeyWrongLastSequenceError:
+                continue  # another sample claimed first: read again
