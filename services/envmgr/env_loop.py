@@ -22,7 +22,7 @@ from loom.protocol import GenRequest, Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
 from loom.tokenizer import qwen_tokenizer
-from services.envmgr.context import LoopContext, TrajectoryAborted
+from services.envmgr.context import LoopContext, TrajectoryAborted, trajectory
 from services.envmgr.prediction import await_prediction, predict
 
 log = logging.getLogger(__name__)
@@ -80,19 +80,14 @@ async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) ->
     finally:
         if pool is not None:
             await pool.release(key)
-    return Trajectory(
-        job_id=work.job_id,
-        traj_id=work.traj_id,
-        task_id=work.task.id,
-        group=work.group,
-        sample=work.sample,
-        env=work.env,
-        status="completed",
-        finish_reason=finish,
-        steps=steps,
-        started_at=started,
-        finished_at=ctx.clock.now(),
-        info={
+    return trajectory(
+        work,
+        "completed",
+        finish,
+        steps,
+        started,
+        ctx.clock.now(),
+        {
             "set": work.task.data.get("set"),
             "verdict": verdict,
             "scripted": work.scripted,

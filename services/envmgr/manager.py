@@ -40,7 +40,7 @@ from loom.sandbox.engine import choose_backend
 from loom.sandbox.pool import Backend, SandboxPool
 from loom.service import Runtime
 from loom.workqueue import WorkQueueConsumer
-from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted
+from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
 from services.envmgr.env_loop import run_env
 from services.envmgr.groups import GroupLedger
 from services.envmgr.replay import run_replay
@@ -263,19 +263,14 @@ class EnvManager:
             if isinstance(e, TrajectoryAborted)
             else f"error: {type(e).__name__}: {e}"
         )
-        return Trajectory(
-            job_id=w.job_id,
-            traj_id=w.traj_id,
-            task_id=w.task.id,
-            group=w.group,
-            sample=w.sample,
-            env=w.env,
-            status="aborted" if aborted else "failed",
-            finish_reason=reason[:500],
-            steps=[],
-            started_at=now,
-            finished_at=now,
-            info={k: v for k, v in w.task.data.items() if isinstance(v, str)},
+        return trajectory(
+            w,
+            "aborted" if aborted else "failed",
+            reason[:500],
+            [],
+            now,
+            now,
+            {k: v for k, v in w.task.data.items() if isinstance(v, str)},
         )
 
     async def _progress_forever(self) -> None:

@@ -8,7 +8,7 @@ from loom.envs.replay import ReplayEnv
 from loom.predict import context as predict_context
 from loom.protocol import GenRequest, Step, Trajectory, TrajWork
 from loom.traces import load_traces
-from services.envmgr.context import LoopContext, TrajectoryAborted
+from services.envmgr.context import LoopContext, TrajectoryAborted, trajectory
 from services.envmgr.prediction import await_prediction, predict
 
 
@@ -67,17 +67,12 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
                 attempts=req.attempt,
             )
         )
-    return Trajectory(
-        job_id=work.job_id,
-        traj_id=work.traj_id,
-        task_id=work.task.id,
-        group=work.group,
-        sample=work.sample,
-        env=work.env,
-        status="completed",
-        finish_reason=env.finish_reason(len(calls)),
-        steps=steps,
-        started_at=started,
-        finished_at=ctx.clock.now(),
-        info={"trace_id": trace_id, "traces_path": path},
+    return trajectory(
+        work,
+        "completed",
+        env.finish_reason(len(calls)),
+        steps,
+        started,
+        ctx.clock.now(),
+        {"trace_id": trace_id, "traces_path": path},
     )

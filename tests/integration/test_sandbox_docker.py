@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -22,7 +23,8 @@ LIMITS = Limits(cpus=1.0, memory_mb=256, pids=64, timeout_s=10.0)
 
 @pytest.fixture
 async def pool(sandbox_image: str) -> AsyncIterator[SandboxPool]:
-    backend = DockerBackend(sandbox_image, pool="test")
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    backend = DockerBackend(sandbox_image, pool=name)
     p = SandboxPool(backend, LIMITS, warm=2, max_sandboxes=16)
     await p.start()
     try:
@@ -31,7 +33,7 @@ async def pool(sandbox_image: str) -> AsyncIterator[SandboxPool]:
         await p.close()
         await backend.close()
         # Nothing the pool made survives it.
-        check = DockerBackend(sandbox_image)
+        check = DockerBackend(sandbox_image, pool=name)
         try:
             assert await check.count() == 0
         finally:
@@ -131,7 +133,7 @@ async def test_session_affinity_and_isolation(pool: SandboxPool) -> None:
 
 
 async def test_reaper_removes_sandboxes_whose_owner_died(sandbox_image: str) -> None:
-    backend = DockerBackend(sandbox_image, pool="orphans")
+    backend = DockerBackend(sandbox_image, pool=f"orphans-{uuid.uuid4().hex[:8]}")
     try:
         sb = await backend.create(LIMITS)
         assert await backend.count() == 1

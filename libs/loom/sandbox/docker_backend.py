@@ -229,7 +229,9 @@ class DockerBackend:
         return n
 
     async def count(self) -> int:
-        cs = await self.docker.containers.list(all=True, filters=json.dumps({"label": [LABEL]}))
+        """Sandboxes of this backend's pool on the engine (other pools and owners not counted)."""
+        labels = [LABEL, f"loom.pool={self.pool}"]
+        cs = await self.docker.containers.list(all=True, filters=json.dumps({"label": labels}))
         return len(cs)
 
     async def close(self) -> None:
