@@ -1,4 +1,4 @@
-"""What every per-trajectory loop is given by its manager."""
+"""What every per-trajectory loop is given by its manager, and the pieces every loop shares."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client import Counter, Histogram
 
 from loom.clock import Clock
 from loom.genclient import GenClient
-from loom.protocol import Step, Trajectory, TrajStatus, TrajWork
+from loom.protocol import GenRequest, GenResult, Step, Trajectory, TrajStatus, TrajWork
 
 
 class TrajectoryAborted(Exception):
@@ -57,3 +57,59 @@ def trajectory(
         finished_at=finished,
         info=info,
     )
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One LLM call of a trajectory, done: what was asked, what came back, and when."""
+
+    req: GenRequest
+    res: GenResult
+    started: float
+    gen_s: float
+
+    def step(self, action: str, observation: str, tool_s: float) -> Step:
+        return Step(
+            index=self.req.step,
+            prompt_len=self.req.input_len,
+            output_len=self.res.output_len,
+            action=action,
+            observation=observation,
+            worker_id=self.res.worker_id,
+            started_at=self.started,
+            queue_s=self.res.queue_s,
+            gen_s=self.gen_s,
+            tool_s=tool_s,
+            attempts=self.req.attempt,
+        )
+
+
+async def call_model(
+    ctx: LoopContext,
+    work: TrajWork,
+    step: int,
+    input_len: int,
+    max_new_tokens: int,
+    priority: float,
+    input_ids: list[int] | None = None,
+) -> ModelCall:
+    """Generate through the router; an engine abort ends the trajectory (TrajectoryAborted).
+
+    ``ignore_eos`` when no token ids are sent: a lengths-only call (a replay or a scripted action) must
+    produce exactly the tokens it stands for."""
+    t0 = ctx.clock.now()
+    req = GenRequest(
+        rid=f"{work.job_id}.{work.traj_id}.{step}",
+        job_id=work.job_id,
+        traj_id=work.traj_id,
+        step=step,
+        input_len=max(1, input_len),
+        max_new_tokens=max(1, max_new_tokens),
+        input_ids=input_ids,
+        ignore_eos=input_ids is None,
+        priority=priority,
+    )
+    res = await ctx.gen.generate(req)
+    if res.finish_reason == "abort":
+        raise TrajectoryAborted(f"step {step} aborted by the engine")
+    return ModelCall(req, res, t0, ctx.clock.now() - t0)

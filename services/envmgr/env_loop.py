@@ -18,11 +18,11 @@ from typing import TypeVar
 from loom.envs import actions, registry
 from loom.envs.base import Env, EnvError, Observation
 from loom.predict import context as predict_context
-from loom.protocol import GenRequest, Step, Trajectory, TrajWork
+from loom.protocol import Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
 from loom.tokenizer import qwen_tokenizer
-from services.envmgr.context import LoopContext, TrajectoryAborted, trajectory
+from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.prediction import await_prediction, predict
 
 log = logging.getLogger(__name__)
@@ -52,18 +52,17 @@ async def with_retries(what: str, fn: Callable[[], Awaitable[T]], attempts: int 
 
 async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
     key = f"{work.job_id}.{work.traj_id}"
-    if work.env in registry.SANDBOXED and pool is None:
+    sandboxed = work.env in registry.SANDBOXED
+    if sandboxed and pool is None:
         raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
     started = ctx.clock.now()
-    backend = ["none"]
     try:
         t0 = time.perf_counter()
 
         async def reset() -> tuple[Env, str]:
             try:
-                sb = await pool.acquire(key) if pool is not None and work.env in registry.SANDBOXED else None
+                sb = await pool.acquire(key) if pool is not None and sandboxed else None
                 env = registry.make(work.env, work.task, sb, work.tool_timeout_s)
-                backend[0] = sb.backend if sb is not None else "none"
                 return env, await env.reset()
             except (SandboxError, EnvError, TimeoutError):
                 if pool is not None:
@@ -91,7 +90,7 @@ async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) ->
             "set": work.task.data.get("set"),
             "verdict": verdict,
             "scripted": work.scripted,
-            "sandbox": backend[0],
+            "sandbox": pool.backend_name if pool is not None and sandboxed else "none",
         },
     )
 
@@ -100,7 +99,9 @@ async def _episode(
     work: TrajWork, ctx: LoopContext, env: Env, prompt: str, script: list[str] | None
 ) -> tuple[list[Step], str]:
     tok = qwen_tokenizer()
-    context = prompt
+    # The context's tokens grow by each turn's text, tokenised once, instead of the whole context again
+    # every turn (a quadratic cost on the manager's event loop).
+    ids = tok.encode(prompt, disallowed_special=())
     acts: list[str] = []
     observations: list[str] = []
     steps: list[Step] = []
@@ -112,63 +113,34 @@ async def _episode(
         budget = work.max_tokens - generated
         if budget <= 0:
             return steps, "max_tokens"
-        ids = tok.encode(context, disallowed_special=())
-        want = len(tok.encode(script[k], disallowed_special=())) if script is not None else budget
-        t0 = ctx.clock.now()
-        req = GenRequest(
-            rid=f"{work.job_id}.{work.traj_id}.{k}",
-            job_id=work.job_id,
-            traj_id=work.traj_id,
-            step=k,
-            input_len=max(1, len(ids)),
-            max_new_tokens=max(1, min(want, budget)),
-            # A real engine needs the tokens; a scripted rollout only their count.
-            input_ids=None if script is not None else ids,
-            ignore_eos=script is not None,
-            priority=priority,
+        scripted = tok.encode(script[k], disallowed_special=()) if script is not None else None
+        want = len(scripted) if scripted is not None else budget
+        # A real engine needs the tokens; a scripted rollout only their count.
+        mc = await call_model(
+            ctx, work, k, len(ids), min(want, budget), priority, None if scripted is not None else ids
         )
-        res = await ctx.gen.generate(req)
-        if res.finish_reason == "abort":
-            raise TrajectoryAborted(f"step {k} aborted by the engine")
-        gen_s = ctx.clock.now() - t0
+        res = mc.res
         generated += res.output_len
-        if res.output_ids is not None and script is None:
-            text = tok.decode(res.output_ids)
-        elif script is not None:
+        if script is not None and scripted is not None:
             # Cut where the engine stopped (the token budget), as a real model's output would be.
-            text = (
-                script[k] if res.output_len >= want else tok.decode(tok.encode(script[k])[: res.output_len])
-            )
+            text = script[k] if res.output_len >= want else tok.decode(scripted[: res.output_len])
+        elif res.output_ids is not None:
+            text = tok.decode(res.output_ids)
         else:
             raise EnvError(
                 "the engine returned no text; a simulated engine needs a scripted job (scripted: true)"
             )
         acts.append(text)
         t1 = ctx.clock.now()
+        context = len(ids) + res.output_len
         pieces = predict_context.step_pieces(acts, [*observations, ""], k + 1)
-        pred = asyncio.create_task(
-            predict(ctx, work, k + 1, len(ids) + res.output_len, generated, prompt, pieces)
-        )
+        pred = asyncio.create_task(predict(ctx, work, k + 1, context, generated, prompt, pieces))
         obs = await _tool(work, ctx, env, text)
         tool_s = ctx.clock.now() - t1
-        priority = await await_prediction(ctx, work, k, pred, priority, len(ids) + res.output_len, generated)
+        priority = await await_prediction(ctx, work, k, pred, priority, context, generated)
         observations.append(obs.text)
-        steps.append(
-            Step(
-                index=k,
-                prompt_len=len(ids),
-                output_len=res.output_len,
-                action=text,
-                observation=obs.text,
-                worker_id=res.worker_id,
-                started_at=t0,
-                queue_s=res.queue_s,
-                gen_s=gen_s,
-                tool_s=tool_s,
-                attempts=req.attempt,
-            )
-        )
-        context += f"{text}\nObservation: {obs.text}\n"
+        steps.append(mc.step(text, obs.text, tool_s))
+        ids += tok.encode(f"{text}\nObservation: {obs.text}\n", disallowed_special=())
         if obs.done:
             return steps, "done"
     return steps, "max_turns"
