@@ -22,7 +22,7 @@ import aiodocker
 from aiodocker.containers import DockerContainer
 
 from loom.sandbox import owner
-from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, ExecResult, Limits, SandboxError
+from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, CappedOutput, ExecResult, Limits, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,7 @@ class DockerSandbox:
         # timeout(1) puts the command in its own process group and kills the whole group, so a
         # command's children (a fork bomb's included) die with it.
         wrapped = ["timeout", "-s", "KILL", f"{t:.3f}s", *cmd]
-        cap = self.limits.output_bytes
-        out, err = bytearray(), bytearray()
-        truncated = False
+        out, err = CappedOutput(self.limits.output_bytes), CappedOutput(self.limits.output_bytes)
         t0 = time.monotonic()
         try:
             ex = await self.container.exec(
@@ -77,12 +75,7 @@ class DockerSandbox:
             async with asyncio.timeout(t + GRACE_S):
                 async with ex.start(detach=False) as stream:
                     while (msg := await stream.read_out()) is not None:
-                        buf = out if msg.stream == 1 else err
-                        room = cap - len(buf)
-                        if len(msg.data) > room:
-                            truncated = True
-                        if room > 0:
-                            buf.extend(msg.data[:room])
+                        (out if msg.stream == 1 else err).add(msg.data)
                 info = await ex.inspect()
         except TimeoutError:
             # The in-container timeout did not end it (a process that escaped the group): the sandbox
@@ -91,11 +84,11 @@ class DockerSandbox:
             await self.close()
             return ExecResult(
                 TIMEOUT_EXIT,
-                out.decode(errors="replace"),
-                err.decode(errors="replace"),
+                out.text(),
+                err.text(),
                 time.monotonic() - t0,
                 timed_out=True,
-                truncated=truncated,
+                truncated=out.truncated or err.truncated,
             )
         except aiodocker.DockerError as e:
             raise SandboxError(f"sandbox {self.id}: {e.message}") from e
@@ -107,11 +100,11 @@ class DockerSandbox:
         timed_out = code == 128 + 9 and dt >= t
         return ExecResult(
             TIMEOUT_EXIT if timed_out else int(code),
-            out.decode(errors="replace"),
-            err.decode(errors="replace"),
+            out.text(),
+            err.text(),
             dt,
             timed_out=timed_out,
-            truncated=truncated,
+            truncated=out.truncated or err.truncated,
         )
 
     async def write_files(self, files: dict[str, bytes | str]) -> None:

@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from loom.sandbox.types import TIMEOUT_EXIT, ExecResult, Limits, SandboxError
+from loom.sandbox.types import TIMEOUT_EXIT, CappedOutput, ExecResult, Limits, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +45,11 @@ def _isolation() -> tuple[str, ...]:
     return ()
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
-    buf = bytearray()
-    dropped = False
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> CappedOutput:
+    out = CappedOutput(cap)
     while chunk := await stream.read(65536):
-        room = cap - len(buf)
-        if len(chunk) > room:
-            dropped = True
-        if room > 0:
-            buf.extend(chunk[:room])
-    return bytes(buf), dropped
+        out.add(chunk)
+    return out
 
 
 class ProcessSandbox:
@@ -119,17 +114,17 @@ class ProcessSandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the command's children too
             await proc.wait()
-        (out, t1), (err, t2) = await reads
+        out, err = await reads
         rc = proc.returncode or 0
         # A command killed by a signal reads as 128 + signal, as a shell (and Docker) report it.
         code = TIMEOUT_EXIT if timed_out else rc if rc >= 0 else 128 - rc
         return ExecResult(
             code,
-            out.decode(errors="replace"),
-            err.decode(errors="replace"),
+            out.text(),
+            err.text(),
             time.monotonic() - t0,
             timed_out=timed_out,
-            truncated=t1 or t2,
+            truncated=out.truncated or err.truncated,
         )
 
     async def write_files(self, files: dict[str, bytes | str]) -> None:

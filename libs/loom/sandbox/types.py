@@ -37,6 +37,25 @@ class ExecResult(Struct, frozen=True):
         return self.exit_code == 0 and not self.timed_out
 
 
+class CappedOutput:
+    """One stream of a command's output: the first ``cap`` bytes kept, the rest counted as dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        room = self.cap - len(self.buf)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            self.buf.extend(data[:room])
+
+    def text(self) -> str:
+        return self.buf.decode(errors="replace")
+
+
 class SandboxError(Exception):
     """The sandbox itself failed (engine error, container gone): the environment, not the command."""
 
