@@ -7,6 +7,7 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from loom.settings import default_shared_dir
 
@@ -40,6 +41,13 @@ def default_swe_path() -> Path:
     return default_shared_dir() / SWE_TRACES
 
 
+def open_text(path: Path) -> TextIO:
+    """A data file as UTF-8 text, gzip-compressed (``.gz``) or not."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 class TraceError(ValueError):
     pass
 
@@ -50,9 +58,8 @@ def load_traces(path: str | Path | None = None) -> dict[str, Trace]:
     p = Path(path) if path is not None else default_swe_path()
     if not p.exists():
         raise TraceError(f"trace file not found: {p} (expected ../shared/data beside the project)")
-    opener = gzip.open if p.suffix == ".gz" else open
     out: dict[str, Trace] = {}
-    with opener(p, "rt", encoding="utf-8") as f:
+    with open_text(p) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loom.envs import registry
-from loom.protocol import JobSpec, TaskSpec, TrajWork
+from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
 from loom.traces import Trace, TraceError, load_traces
 
 
@@ -29,13 +29,7 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
     except TraceError as e:
         raise SpecError(["dataset", "path"], str(e)) from e
     if spec.dataset is not None:
-        ids = list(traces)[spec.dataset.offset :]
-        if spec.dataset.limit is not None:
-            ids = ids[: spec.dataset.limit]
-        if not ids:
-            raise SpecError(
-                ["dataset", "offset"], f"offset {spec.dataset.offset} is past the {len(traces)} traces"
-            )
+        ids = _window(spec.dataset, list(traces), "traces")
         return [TaskSpec(id=i, data=_replay_data(traces[i], path)) for i in ids]
     out = []
     for n, t in enumerate(spec.tasks):
@@ -59,12 +53,10 @@ def _env_tasks(spec: JobSpec) -> list[TaskSpec]:
         loc = ["tasks", 0, "data", "set"]
     try:
         if ds is not None:
-            specs = registry.task_specs(spec.env, name, path)
-            specs = specs[ds.offset :][: ds.limit] if ds.limit is not None else specs[ds.offset :]
-            if not specs:
-                raise SpecError(["dataset", "offset"], f"offset {ds.offset} is past the tasks of {name}")
+            ids = _window(ds, registry.task_ids(spec.env, name, path), f"tasks of {name}")
         else:
-            specs = registry.task_specs(spec.env, name, path, [t.id for t in spec.tasks])
+            ids = [t.id for t in spec.tasks]
+        specs = registry.task_specs(spec.env, name, path, ids)
         if spec.scripted:
             for t in specs:
                 registry.reference_actions(spec.env, t)
@@ -73,6 +65,14 @@ def _env_tasks(spec: JobSpec) -> list[TaskSpec]:
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise SpecError(loc, str(e).strip("'\"")) from e
     return specs
+
+
+def _window(ds: DatasetRef, ids: list[str], what: str) -> list[str]:
+    """The dataset's ``offset``/``limit`` window over the ids; past the end is the offset's error."""
+    chosen = ids[ds.offset :][: ds.limit] if ds.limit is not None else ids[ds.offset :]
+    if not chosen:
+        raise SpecError(["dataset", "offset"], f"offset {ds.offset} is past the {len(ids)} {what}")
+    return chosen
 
 
 def _replay_data(trace: Trace, path: str | None) -> dict[str, object]:

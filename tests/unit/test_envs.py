@@ -19,7 +19,7 @@ from tests.conftest import need_shared
 
 def test_parse_react_json_and_errors() -> None:
     assert actions.parse("Thought 2: next.\nAction 2: Search[Pete Doherty]") == actions.ToolCall(
-        "Search", {"input": "Pete Doherty"}, "react"
+        "Search", {"input": "Pete Doherty"}
     )
     call = actions.parse(
         'I will run it.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'

@@ -21,8 +21,6 @@ _FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.S)
 class ToolCall(Struct, frozen=True):
     name: str
     arguments: dict[str, Any]
-    # The text the environment shows the model back (ReAct) or the call's JSON.
-    style: str = "json"
 
 
 class ParseError(ValueError):
@@ -44,7 +42,7 @@ def _json_call(blob: str) -> ToolCall:
             raise ParseError("tool call arguments are not a JSON object") from e
     if not isinstance(args, dict):
         raise ParseError("tool call arguments are not a JSON object")
-    return ToolCall(d["name"], args, "json")
+    return ToolCall(d["name"], args)
 
 
 def parse(text: str) -> ToolCall:
@@ -61,7 +59,7 @@ def parse(text: str) -> ToolCall:
     for line in reversed(stripped.splitlines()):
         m = _REACT.search(line.strip())
         if m:
-            return ToolCall(m.group(1), {"input": m.group(2)}, "react")
+            return ToolCall(m.group(1), {"input": m.group(2)})
     raise ParseError("no action found: expected 'Action: Tool[input]' or a <tool_call> JSON object")
 
 

@@ -9,7 +9,6 @@ becomes the corpus document ``title``; the corpus is what the search environment
 from __future__ import annotations
 
 import functools
-import gzip
 import re
 import string
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from msgspec import Struct
 
 from loom.settings import default_shared_dir
+from loom.traces import open_text
 
 DEFAULT_PATH = default_shared_dir() / "data" / "traces" / "hotpotqa-react-100q-5trials.txt.gz"
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
@@ -91,7 +91,7 @@ def load(path: str | Path | None = None) -> Corpus:
     p = Path(path) if path else DEFAULT_PATH
     if not p.exists():
         raise FileNotFoundError(f"{p} is missing: the search environment reads the HotpotQA ReAct logs")
-    with gzip.open(p, "rt", encoding="utf-8") if p.suffix == ".gz" else open(p, encoding="utf-8") as f:
+    with open_text(p) as f:
         return _parse(f.read())
 
 

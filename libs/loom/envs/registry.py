@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 from loom.envs import hotpotqa, tasksets
@@ -22,13 +24,15 @@ DATASETS: dict[str, tuple[str, ...]] = {
 SANDBOXED = frozenset({"code", "math"})
 
 
-def _load(name: str, path: str | None) -> dict[str, Any]:
+@functools.cache
+def _load(name: str, path: str | None) -> Mapping[str, Any]:
+    """A task set by id, loaded once: every trajectory's environment looks its task up here."""
     if name == "humaneval":
-        return dict(tasksets.humaneval(path))
+        return tasksets.humaneval(path)
     if name == "mbpp":
-        return dict(tasksets.mbpp(path))
+        return tasksets.mbpp(path)
     if name in ("gsm8k", "gsm8k-train"):
-        return dict(tasksets.gsm8k(path, "test" if name == "gsm8k" else "train"))
+        return tasksets.gsm8k(path, "test" if name == "gsm8k" else "train")
     if name == "hotpotqa":
         return {q.id: q for q in hotpotqa.load(path).questions}
     raise KeyError(f"unknown task set {name!r}")
@@ -42,17 +46,25 @@ def statement(task: Any) -> str:
     return str(task.question)
 
 
-def task_specs(env: str, name: str, path: str | None, ids: list[str] | None = None) -> list[TaskSpec]:
-    """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction."""
+def _tasks(env: str, name: str, path: str | None) -> Mapping[str, Any]:
     if name not in DATASETS.get(env, ()):
         raise ValueError(f"environment {env!r} runs {list(DATASETS.get(env, ()))}, not {name!r}")
-    tasks = _load(name, path)
-    chosen = list(tasks) if ids is None else ids
-    missing = [i for i in chosen if i not in tasks]
+    return _load(name, path)
+
+
+def task_ids(env: str, name: str, path: str | None) -> list[str]:
+    """The ids of a task set, in file order; ValueError if the environment does not run that set."""
+    return list(_tasks(env, name, path))
+
+
+def task_specs(env: str, name: str, path: str | None, ids: list[str]) -> list[TaskSpec]:
+    """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction."""
+    tasks = _tasks(env, name, path)
+    missing = [i for i in ids if i not in tasks]
     if missing:
         raise KeyError(f"unknown task id {missing[0]!r} in {name}")
     out = []
-    for i in chosen:
+    for i in ids:
         text = statement(tasks[i])
         out.append(
             TaskSpec(
@@ -83,14 +95,10 @@ def reference_actions(env: str, spec: TaskSpec) -> list[str]:
 
 def make(env: str, spec: TaskSpec, sandbox: Sandbox | None, timeout_s: float) -> Env:
     task = task_of(spec)
-    if env in SANDBOXED and sandbox is None:
-        raise ValueError(f"environment {env!r} needs a sandbox")
-    if env == "code":
-        assert sandbox is not None
-        return CodeEnv(task, sandbox, timeout_s)
-    if env == "math":
-        assert sandbox is not None
-        return MathEnv(task, sandbox, timeout_s)
     if env == "search":
         return SearchEnv(task, index(spec.data.get("path")))
-    raise ValueError(f"unknown environment {env!r}")
+    if env not in SANDBOXED:
+        raise ValueError(f"unknown environment {env!r}")
+    if sandbox is None:
+        raise ValueError(f"environment {env!r} needs a sandbox")
+    return CodeEnv(task, sandbox, timeout_s) if env == "code" else MathEnv(task, sandbox, timeout_s)

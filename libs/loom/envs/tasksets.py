@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 import re
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 from msgspec import Struct
 
 from loom.settings import default_shared_dir
+from loom.traces import open_text
 
 TASKS = default_shared_dir() / "data" / "tasks"
 FILES = {
@@ -48,8 +48,7 @@ class MathTask(Struct, frozen=True):
 
 
 def _lines(path: Path) -> Iterator[dict[str, object]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip():
                 yield json.loads(line)

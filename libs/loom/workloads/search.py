@@ -10,14 +10,14 @@ its own tool times. Tool time is the search agent's (Heddle Table 1: 1.41-1.43 s
 
 from __future__ import annotations
 
-import gzip
 import random
 import re
 from collections import defaultdict
 from pathlib import Path
 
-from loom.settings import default_shared_dir
+from loom.envs import hotpotqa
 from loom.tokenizer import count_tokens
+from loom.traces import open_text
 from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal
 
 TOOL_MEAN_S = 1.42
@@ -58,8 +58,8 @@ def parse_runs(text: str) -> list[tuple[str, list[tuple[str, str]], bool]]:
 def search(
     prompts: int | None = None, group_size: int = 5, seed: int = 0, path: str | Path | None = None
 ) -> Workload:
-    p = Path(path) if path else default_shared_dir() / "data/traces/hotpotqa-react-100q-5trials.txt.gz"
-    with gzip.open(p, "rt", encoding="utf-8") as f:
+    p = Path(path) if path else hotpotqa.DEFAULT_PATH
+    with open_text(p) as f:
         runs = parse_runs(f.read())
     by_question: dict[str, list[tuple[list[tuple[str, str]], bool]]] = defaultdict(list)
     for q, steps, ok in runs:
