@@ -82,14 +82,7 @@ class DockerSandbox:
             # can no longer be trusted, so it goes.
             log.warning("sandbox %s: command outlived its timeout by %.0f s; removing it", self.id, GRACE_S)
             await self.close()
-            return ExecResult(
-                TIMEOUT_EXIT,
-                out.text(),
-                err.text(),
-                time.monotonic() - t0,
-                timed_out=True,
-                truncated=out.truncated or err.truncated,
-            )
+            return CappedOutput.result(TIMEOUT_EXIT, out, err, time.monotonic() - t0, timed_out=True)
         except aiodocker.DockerError as e:
             raise SandboxError(f"sandbox {self.id}: {e.message}") from e
         dt = time.monotonic() - t0
@@ -98,14 +91,7 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.id}: exec ended without an exit code")
         # SIGKILL from timeout(1) reads as 137; an OOM kill too, but that comes before the deadline.
         timed_out = code == 128 + 9 and dt >= t
-        return ExecResult(
-            TIMEOUT_EXIT if timed_out else int(code),
-            out.text(),
-            err.text(),
-            dt,
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-        )
+        return CappedOutput.result(int(code), out, err, dt, timed_out)
 
     async def write_files(self, files: dict[str, bytes | str]) -> None:
         batch: list[tuple[str, str, str]] = []

@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from loom.sandbox.types import TIMEOUT_EXIT, CappedOutput, ExecResult, Limits, SandboxError
+from loom.sandbox.types import CappedOutput, ExecResult, Limits, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +117,8 @@ class ProcessSandbox:
         out, err = await reads
         rc = proc.returncode or 0
         # A command killed by a signal reads as 128 + signal, as a shell (and Docker) report it.
-        code = TIMEOUT_EXIT if timed_out else rc if rc >= 0 else 128 - rc
-        return ExecResult(
-            code,
-            out.text(),
-            err.text(),
-            time.monotonic() - t0,
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-        )
+        code = rc if rc >= 0 else 128 - rc
+        return CappedOutput.result(code, out, err, time.monotonic() - t0, timed_out)
 
     async def write_files(self, files: dict[str, bytes | str]) -> None:
         for rel, data in files.items():

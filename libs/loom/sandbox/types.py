@@ -55,6 +55,20 @@ class CappedOutput:
     def text(self) -> str:
         return self.buf.decode(errors="replace")
 
+    @staticmethod
+    def result(
+        code: int, out: CappedOutput, err: CappedOutput, duration_s: float, timed_out: bool
+    ) -> ExecResult:
+        """The command's result from its two captured streams."""
+        return ExecResult(
+            TIMEOUT_EXIT if timed_out else code,
+            out.text(),
+            err.text(),
+            duration_s,
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+        )
+
 
 class SandboxError(Exception):
     """The sandbox itself failed (engine error, container gone): the environment, not the command."""
