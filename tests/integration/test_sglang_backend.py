@@ -150,7 +150,9 @@ async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> No
         head = asyncio.create_task(client.generate(_req("head", n=100_000, priority=1000)))
         await until(lambda: server.engine.load().running == 1, poll_s=0.01)
         done: list[str] = []
-        low = asyncio.create_task(client.generate(_req("low", n=10, priority=1)))
+        # The low request is the longer one, so that its reply cannot overtake high's on a busy machine
+        # (seen once with both at 10 tokens); a wrong order would still run low first and finish it first.
+        low = asyncio.create_task(client.generate(_req("low", n=300, priority=1)))
         low.add_done_callback(lambda _: done.append("low"))
         await until(lambda: server.engine.load().waiting == 1, poll_s=0.01)
         high = asyncio.create_task(client.generate(_req("high", n=10, priority=50.4)))
