@@ -35,9 +35,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.sandbox import Limits
-from loom.sandbox.engine import choose_backend
-from loom.sandbox.pool import Backend, SandboxPool
+from loom.sandbox.pool import SandboxPool
 from loom.service import Runtime
 from loom.workqueue import WorkQueueConsumer
 from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
@@ -83,7 +81,6 @@ class EnvManager:
         )
         self.m_pool = m.gauge("sandboxes", "Sandboxes by state", ["state"])
         self.pool: SandboxPool | None = None
-        self._backend: Backend | None = None
         self._pool_lock = asyncio.Lock()
         self.job_slots: dict[str, asyncio.Semaphore] = {}
 
@@ -98,15 +95,8 @@ class EnvManager:
         """Made on the first trajectory that needs one, so that replay-only managers need no Docker."""
         async with self._pool_lock:
             if self.pool is None:
-                s = self.settings
-                self._backend = await choose_backend(
-                    s.sandbox_backend, image=s.sandbox_image, pool=s.instance
-                )
-                limits = Limits(cpus=s.sandbox_cpus, memory_mb=s.sandbox_memory_mb, pids=s.sandbox_pids)
-                pool = SandboxPool(self._backend, limits, warm=s.sandbox_warm, max_sandboxes=s.sandbox_max)
-                await pool.start()
-                self.pool = pool
-                log.info("sandboxes: %s backend, %d warm", self._backend.name, s.sandbox_warm)
+                self.pool = await self.settings.open_sandbox_pool(self.settings.instance)
+                log.info("sandboxes: %s backend, %d warm", self.pool.backend_name, self.settings.sandbox_warm)
             return self.pool
 
     async def run(self, rt: Runtime) -> None:
@@ -140,8 +130,7 @@ class EnvManager:
         finally:
             if self.pool is not None:
                 await self.pool.close()
-            if self._backend is not None:
-                await self._backend.close()
+                await self.pool.backend.close()
 
     async def _accept(self, m: Msg) -> None:
         try:
@@ -230,8 +219,8 @@ class EnvManager:
             self.m_traj_s.observe(traj.finished_at - traj.started_at)
             # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
             await self.rt.js.publish(
-                subjects.reward_submit(w.job_id),
-                encode(RewardRequest(traj, kind=w.env)),
+                subjects.reward_submit(w.tenant, w.job_id),
+                encode(RewardRequest(traj, w.reward, w.tenant, w.task, w.reward_params)),
                 headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
             )
             await r.msg.ack()

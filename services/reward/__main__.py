@@ -1,4 +1,5 @@
-"""Reward service: scores finished trajectories and stores them in the job's result stream."""
+"""Reward service: scores finished trajectories in autoscaled worker processes and stores them in the
+job's result stream."""
 
 from __future__ import annotations
 

@@ -103,10 +103,20 @@ def expand(job_id: str, spec: JobSpec) -> list[TrajWork]:
             redundancy=spec.redundancy,
             env_concurrency=spec.env_concurrency,
             tool_timeout_s=spec.tool_timeout_s,
+            tenant=spec.tenant,
+            reward=reward_of(spec),
+            reward_params=spec.reward_params,
         )
         for g, task in enumerate(spec.tasks)
         for s in range(samples_per_group(spec))
     ]
+
+
+def reward_of(spec: JobSpec) -> str:
+    """The job's reward function: its own choice, else the recorded outcome (replay) or the env's verdict."""
+    if spec.reward is not None:
+        return spec.reward
+    return "replay" if spec.env == "replay" else "env"
 
 
 def samples_per_group(spec: JobSpec) -> int:

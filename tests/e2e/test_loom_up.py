@@ -99,7 +99,9 @@ async def test_nats_bad_input_is_answered_and_kept(loom_up: LoomUp) -> None:
             assert b"bad_request" in reply.data
         before = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
         await js.publish(subjects.traj_work("job-bogus"), b"not a trajectory")
-        await js.publish(subjects.reward_submit("job-bogus"), msgspec.msgpack.encode({"trajectory": 1}))
+        await js.publish(
+            subjects.reward_submit("default", "job-bogus"), msgspec.msgpack.encode({"trajectory": 1})
+        )
         for _ in range(50):
             info = await js.stream_info(subjects.STREAM_DLQ)
             if info.state.messages >= before + 2:

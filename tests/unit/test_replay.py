@@ -7,7 +7,8 @@ import pytest
 from loom.envs.replay import ReplayEnv
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Step, ToolLatency, Trajectory
-from loom.rewards.replay import RewardError, replay_reward
+from loom.rewards.context import RewardError
+from loom.rewards.replay import replay_reward
 from loom.traces import Trace, TraceError, TraceStep, load_traces
 from tests.conftest import need_shared
 

@@ -10,7 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from loom_cli.bench import engine, envs, heddle_suite, placement, predictor, resources, rollout, sandbox
+from loom_cli.bench import (
+    engine,
+    envs,
+    heddle_suite,
+    placement,
+    predictor,
+    resources,
+    reward,
+    rollout,
+    sandbox,
+)
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -22,6 +32,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     resources.BENCHMARK,
     rollout.BENCHMARK,
     sandbox.BENCHMARK,
+    reward.BENCHMARK,
 )
 
 

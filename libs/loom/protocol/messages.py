@@ -23,6 +23,10 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
     data: dict[str, Any] = {}
 
 
+Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256)]
+
+
 class DatasetRef(Struct, forbid_unknown_fields=True):
     """Tasks taken from a named data set instead of listed inline."""
 
@@ -121,6 +125,12 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     env_concurrency: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     # Wall-clock limit of one tool call in a sandbox.
     tool_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    # Who pays: reward workers are shared between tenants by weight (reward service settings).
+    tenant: Tenant = "default"
+    # Reward function: a built-in name or a user function by import path ``module:function``; None picks
+    # the environment's own (``replay`` for trace replay, ``env`` for the verdict of code/math/search).
+    reward: RewardName | None = None
+    reward_params: dict[str, Any] = {}
 
 
 JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
@@ -163,6 +173,9 @@ class TrajWork(Struct):
     redundancy: NonNeg = 0
     env_concurrency: Pos | None = None
     tool_timeout_s: NonNegF = 10.0
+    tenant: str = "default"
+    reward: str = "replay"
+    reward_params: dict[str, Any] = {}
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]
@@ -409,8 +422,40 @@ class Prediction(Struct):
 
 
 class RewardRequest(Struct):
+    """A finished trajectory to score; ``kind`` names the reward function (built-in or ``module:fn``)."""
+
     trajectory: Trajectory
     kind: str = "replay"
+    tenant: str = "default"
+    # The task the trajectory ran (its data set and id lead to the ground truth) and the job's parameters.
+    task: TaskSpec | None = None
+    params: dict[str, Any] = {}
+
+
+class RewardAssign(Struct):
+    """Controller -> reward worker: one delivery of a reward request (the stream message's bytes)."""
+
+    data: bytes
+    subject: str
+    delivery: Pos
+    deadline_s: NonNegF
+
+
+class RewardOutcome(Struct):
+    """Reward worker -> controller. ``ok``: stored (or already stored); otherwise why, and whether to retry."""
+
+    ok: bool
+    worker_id: str
+    busy_s: NonNegF
+    reward: float | None = None
+    duplicate: bool = False
+    error: str = ""
+    retryable: bool = True
+
+
+class WorkerReady(Struct):
+    worker_id: str
+    pid: Pos
 
 
 # ---------------------------------------------------------------- service plumbing

@@ -62,8 +62,24 @@ def traj_work(job_id: str) -> str:
     return f"{PREFIX}.trajwork.{job_id}"
 
 
-def reward_submit(job_id: str) -> str:
-    return f"{PREFIX}.reward.submit.{job_id}"
+# Reward work: one subject per tenant and job; each tenant has its own pull consumer (weighted fair share).
+def reward_submit(tenant: str, job_id: str) -> str:
+    return f"{PREFIX}.reward.submit.{tenant}.{job_id}"
+
+
+def reward_tenant(tenant: str) -> str:
+    return f"{PREFIX}.reward.submit.{tenant}.>"
+
+
+def tenant_of_reward_subject(subject: str) -> str:
+    return subject.split(".")[4]
+
+
+def reward_worker(worker_id: str) -> str:
+    return f"{PREFIX}.reward.worker.{worker_id}"
+
+
+REWARD_READY = f"{PREFIX}.reward.ready"
 
 
 def results(job_id: str) -> str:

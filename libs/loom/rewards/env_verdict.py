@@ -7,9 +7,7 @@ the trajectory and its ``score`` is the reward.
 from __future__ import annotations
 
 from loom.protocol import Trajectory
-from loom.rewards.replay import RewardError
-
-ENV_VERDICTS = frozenset({"code", "math", "search"})
+from loom.rewards.context import RewardError
 
 
 def env_verdict(traj: Trajectory) -> float:

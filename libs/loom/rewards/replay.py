@@ -5,11 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.protocol import Trajectory
+from loom.rewards.context import RewardError
 from loom.traces import load_traces
-
-
-class RewardError(ValueError):
-    pass
 
 
 def replay_reward(traj: Trajectory, traces_path: str | Path | None = None) -> float:

@@ -1,0 +1,30 @@
+"""Storing a scored trajectory: the result stream (idempotent by job and trajectory), its KV state, and the
+TrajDone event. Workers store what they score; the controller stores, unscored, what could not be."""
+
+from __future__ import annotations
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from loom import results
+from loom.bus import kv_key
+from loom.protocol import TrajDone, Trajectory, TrajMeta, TrajState, encode, subjects
+
+
+async def store(
+    js: JetStreamContext, kv_traj: KeyValue, nc: NATS, traj: Trajectory, reward: float | None
+) -> bool:
+    """Store ``traj`` with ``reward``; returns False when it had been stored before (a redelivery)."""
+    traj = msgspec.structs.replace(traj, reward=reward)
+    stored = await results.publish_result(js, traj)
+    state: TrajState = "done" if traj.status == "completed" else "failed"
+    await kv_traj.put(
+        kv_key(traj.job_id, traj.traj_id), encode(TrajMeta(traj.job_id, traj.traj_id, state=state))
+    )
+    ev = TrajDone(
+        traj.job_id, traj.traj_id, traj.status, reward, traj.output_tokens, len(traj.steps), traj.task_id
+    )
+    await nc.publish(subjects.traj_done(traj.job_id), encode(ev))
+    return stored
