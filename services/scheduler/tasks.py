@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from loom.envs import registry
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
+from loom.protocol.messages import BUILTIN_REWARDS
 from loom.traces import Trace, TraceError, load_traces
 
 
@@ -17,6 +18,10 @@ class SpecError(ValueError):
 
 
 def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
+    if spec.reward is not None and ":" not in spec.reward and spec.reward not in BUILTIN_REWARDS:
+        raise SpecError(
+            ["reward"], f"unknown reward {spec.reward!r}: one of {BUILTIN_REWARDS} or module:function"
+        )
     if spec.tasks and spec.dataset is not None:
         raise SpecError(["dataset"], "give either tasks or dataset, not both")
     if not spec.tasks and spec.dataset is None:

@@ -10,11 +10,12 @@ import pytest
 
 from loom.envs import tasksets
 from loom.protocol import RewardRequest, Step, TaskSpec, Trajectory
+from loom.protocol.messages import BUILTIN_REWARDS
 from loom.rewards.code_reward import extract_code, program
 from loom.rewards.context import RewardContext, RewardError
 from loom.rewards.judge import judge_prompt, parse_score
 from loom.rewards.math_reward import extract_answer, math_score
-from loom.rewards.registry import score
+from loom.rewards.registry import BUILTIN, score
 from tests.conftest import need_shared
 
 
@@ -97,3 +98,5 @@ def test_user_functions_by_import_path() -> None:
         asyncio.run(score(_req("tests.integration.reward_fns:broken", "x", spec), ctx))
     with pytest.raises(RewardError, match="no reward function"):
         asyncio.run(score(_req("nonsense", "x", spec), ctx))
+    # The scheduler refuses unknown names by the protocol's list; the registry implements exactly it.
+    assert tuple(BUILTIN) == BUILTIN_REWARDS

@@ -32,3 +32,16 @@ def test_invalid_specs_name_the_field() -> None:
     with pytest.raises(SpecError) as e:
         resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay", path="/nonexistent.jsonl")), None)
     assert e.value.loc == ["dataset", "path"]
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay"), reward="nonsense"), None)
+    assert e.value.loc == ["reward"] and "module:function" in str(e.value)
+
+
+def test_reward_tenant_and_params_reach_the_trajectories() -> None:
+    spec = JobSpec(
+        tasks=[TaskSpec(id="a")], group_size=1, tenant="team-a", reward="pkg.mod:fn", reward_params={"k": 1}
+    )
+    (w,) = expand("job-x", spec)
+    assert (w.tenant, w.reward, w.reward_params) == ("team-a", "pkg.mod:fn", {"k": 1})
+    assert expand("job-x", JobSpec(tasks=[TaskSpec(id="a")], group_size=1))[0].reward == "replay"
+    assert expand("job-x", JobSpec(env="code", tasks=[TaskSpec(id="a")], group_size=1))[0].reward == "env"

@@ -23,6 +23,8 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
     data: dict[str, Any] = {}
 
 
+# Built-in reward functions (loom.rewards.registry implements exactly these); others are ``module:fn``.
+BUILTIN_REWARDS = ("replay", "env", "math", "code", "judge")
 Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256)]
 
