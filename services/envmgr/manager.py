@@ -35,7 +35,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.sandbox.pool import SandboxPool
+from loom.sandbox.settings import OnDemandSandboxes
 from loom.service import Runtime
 from loom.workqueue import WorkQueueConsumer
 from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
@@ -80,24 +80,16 @@ class EnvManager:
             failures=m.counter("env_failures_total", "Environment failures", ["env", "kind"]),
         )
         self.m_pool = m.gauge("sandboxes", "Sandboxes by state", ["state"])
-        self.pool: SandboxPool | None = None
-        self._pool_lock = asyncio.Lock()
+        self.sandboxes = OnDemandSandboxes(settings, settings.instance)
         self.job_slots: dict[str, asyncio.Semaphore] = {}
 
     def health(self) -> dict[str, Any]:
         h: dict[str, Any] = {"active": len(self.running), "cancelled_jobs": len(self.cancelled_jobs)}
-        if self.pool is not None:
-            st = self.pool.snapshot()
-            h["sandbox"] = {"backend": self.pool.backend_name, "warm": st.warm, "in_use": st.in_use}
+        pool = self.sandboxes.pool
+        if pool is not None:
+            st = pool.snapshot()
+            h["sandbox"] = {"backend": pool.backend_name, "warm": st.warm, "in_use": st.in_use}
         return h
-
-    async def sandbox_pool(self) -> SandboxPool:
-        """Made on the first trajectory that needs one, so that replay-only managers need no Docker."""
-        async with self._pool_lock:
-            if self.pool is None:
-                self.pool = await self.settings.open_sandbox_pool(self.settings.instance)
-                log.info("sandboxes: %s backend, %d warm", self.pool.backend_name, self.settings.sandbox_warm)
-            return self.pool
 
     async def run(self, rt: Runtime) -> None:
         self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
@@ -128,9 +120,7 @@ class EnvManager:
             # Shutting down: stop every trajectory and return it to the queue for another manager.
             await consumer.finish(0)
         finally:
-            if self.pool is not None:
-                await self.pool.close()
-                await self.pool.backend.close()
+            await self.sandboxes.close()
 
     async def _accept(self, m: Msg) -> None:
         try:
@@ -183,7 +173,7 @@ class EnvManager:
                 raise Redundant("its group already had its samples")
             if w.env == "replay":
                 return await run_replay(w, self.ctx)
-            pool = await self.sandbox_pool() if w.env in registry.SANDBOXED else None
+            pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
             return await run_env(w, self.ctx, pool)
 
     async def _run_one(self, key: str, r: Running) -> None:
@@ -226,8 +216,8 @@ class EnvManager:
             await r.msg.ack()
         finally:
             self.m_trajs.labels(outcome).inc()
-            if self.pool is not None:
-                st = self.pool.snapshot()
+            if self.sandboxes.pool is not None:
+                st = self.sandboxes.pool.snapshot()
                 for state in ("warm", "in_use", "creating"):
                     self.m_pool.labels(state).set(getattr(st, state))
 

@@ -31,7 +31,7 @@ from loom.protocol import (
 )
 from loom.rewards.context import RewardContext, RewardError
 from loom.rewards.registry import score
-from loom.sandbox.pool import SandboxPool
+from loom.sandbox.settings import OnDemandSandboxes
 from services.reward.settings import RewardSettings
 from services.reward.store import store
 
@@ -66,21 +66,14 @@ class Worker:
         self.settings = settings
         self.busy = _Busy()
         self.stopping = asyncio.Event()
-        self._pool: SandboxPool | None = None
-        self._pool_lock = asyncio.Lock()
+        self.sandboxes = OnDemandSandboxes(settings, f"reward-{worker_id}")
         self._tasks: set[asyncio.Task[None]] = set()
-
-    async def _sandboxes(self) -> SandboxPool:
-        async with self._pool_lock:
-            if self._pool is None:
-                self._pool = await self.settings.open_sandbox_pool(f"reward-{self.id}")
-            return self._pool
 
     async def run(self, watch_pid: int) -> None:
         self.nc = await bus.connect(self.settings.nats_url, f"loom-reward-worker-{self.id}")
         self.js = self.nc.jetstream(timeout=10)
         self.kv_traj = await self.js.key_value(subjects.KV_TRAJ)
-        self.ctx = RewardContext(self._sandboxes, self.nc)
+        self.ctx = RewardContext(self.sandboxes.get, self.nc)
         await self.nc.subscribe(subjects.reward_worker(self.id), cb=self._on_assign)
         await self.nc.publish(subjects.REWARD_READY, encode(WorkerReady(self.id, os.getpid())))
         await self.nc.flush()
@@ -95,9 +88,7 @@ class Worker:
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=self.settings.deadline_s)
         finally:
-            if self._pool is not None:
-                await self._pool.close()
-                await self._pool.backend.close()
+            await self.sandboxes.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 5)
 

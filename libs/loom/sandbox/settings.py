@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Literal
 
 from pydantic import Field
@@ -11,6 +13,8 @@ from loom.sandbox.images import DEFAULT_IMAGE
 from loom.sandbox.pool import SandboxPool
 from loom.sandbox.types import Limits
 from loom.settings import LoomSettings
+
+log = logging.getLogger(__name__)
 
 
 class SandboxSettings(LoomSettings):
@@ -23,14 +27,34 @@ class SandboxSettings(LoomSettings):
     sandbox_memory_mb: int = Field(512, ge=16)
     sandbox_pids: int = Field(128, ge=8)
 
-    async def open_sandbox_pool(self, pool: str) -> SandboxPool:
-        """A started pool on the chosen backend; the caller closes the pool, then its backend."""
-        backend = await choose_backend(self.sandbox_backend, image=self.sandbox_image, pool=pool)
-        limits = Limits(cpus=self.sandbox_cpus, memory_mb=self.sandbox_memory_mb, pids=self.sandbox_pids)
-        sp = SandboxPool(backend, limits, warm=self.sandbox_warm, max_sandboxes=self.sandbox_max)
-        try:
-            await sp.start()
-        except BaseException:
-            await backend.close()
-            raise
-        return sp
+
+class OnDemandSandboxes:
+    """A sandbox pool opened on first use, so that a service that never runs code needs no engine."""
+
+    def __init__(self, settings: SandboxSettings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.pool: SandboxPool | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> SandboxPool:
+        async with self._lock:
+            if self.pool is None:
+                s = self.settings
+                backend = await choose_backend(s.sandbox_backend, image=s.sandbox_image, pool=self.name)
+                limits = Limits(cpus=s.sandbox_cpus, memory_mb=s.sandbox_memory_mb, pids=s.sandbox_pids)
+                pool = SandboxPool(backend, limits, warm=s.sandbox_warm, max_sandboxes=s.sandbox_max)
+                try:
+                    await pool.start()
+                except BaseException:
+                    await backend.close()
+                    raise
+                self.pool = pool
+                log.info("sandboxes for %s: %s backend, %d warm", self.name, backend.name, s.sandbox_warm)
+            return self.pool
+
+    async def close(self) -> None:
+        """Close the pool (if it was ever opened), then its backend."""
+        if self.pool is not None:
+            await self.pool.close()
+            await self.pool.backend.close()
