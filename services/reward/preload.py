@@ -5,13 +5,10 @@ first math-verify call builds its parsers, about 0.1 s; the task sets that groun
 from __future__ import annotations
 
 import contextlib
-import logging
 
 from loom.envs import registry
 from loom.rewards.math_reward import math_score
 from services.reward import worker  # noqa: F401  (the workers' entry point, imported with its dependencies)
-
-log = logging.getLogger(__name__)
 
 
 def _warm() -> None:

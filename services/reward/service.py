@@ -96,8 +96,8 @@ class RewardService:
             "worker_seconds": ws,
             "busy_seconds": bs,
             "utilization": bs / ws if ws > 0 else None,
-            "cold_starts": len(self.pool.cold_starts),
-            "cold_start_ms": [round(c * 1000, 1) for c in self.pool.cold_starts[-50:]],
+            "cold_starts": self.pool.n_cold_starts,
+            "cold_start_ms": [round(c * 1000, 1) for c in self.pool.cold_starts],
             "killed": self.pool.killed,
             "peak_workers": self.pool.peak,
         }
@@ -133,28 +133,23 @@ class RewardService:
 
     # ------------------------------------------------------------------ tenants and their consumers
 
-    async def _tenant(self, name: str) -> Tenant:
-        ten = self.tenants.get(name)
-        if ten is None:
-            durable = f"reward-{name}"
-            cfg = ConsumerConfig(
-                durable_name=durable,
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
-                ack_wait=self.settings.ack_wait_s,
-                max_deliver=-1,
-                max_ack_pending=-1,
-                filter_subject=subjects.reward_tenant(name),
-            )
-            psub = await self.rt.js.pull_subscribe(
-                subjects.reward_tenant(name), durable=durable, stream=subjects.STREAM_REWARD, config=cfg
-            )
-            ten = self.tenants.setdefault(name, Tenant(name, psub))
-            if ten.psub is not psub:
-                await psub.unsubscribe()
-            else:
-                self._spawn_task(self._feed_forever(ten))
-        return ten
+    async def _add_tenant(self, name: str) -> None:
+        """The tenant's durable pull consumer and its feeder (only ``_discover`` adds tenants)."""
+        durable = f"reward-{name}"
+        cfg = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.settings.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=-1,
+            filter_subject=subjects.reward_tenant(name),
+        )
+        psub = await self.rt.js.pull_subscribe(
+            subjects.reward_tenant(name), durable=durable, stream=subjects.STREAM_REWARD, config=cfg
+        )
+        ten = self.tenants[name] = Tenant(name, psub)
+        self._spawn_task(self._feed_forever(ten))
 
     async def _discover(self) -> None:
         """Tenants with requests in the stream, and how many each has (the autoscaler's concurrency)."""
@@ -167,7 +162,7 @@ class RewardService:
             counts[name] = counts.get(name, 0) + n
         for name in counts:
             if name not in self.tenants:
-                await self._tenant(name)
+                await self._add_tenant(name)
         for ten in self.tenants.values():
             ten.pending = counts.get(ten.name, 0)
             if ten.pending > len(ten.buffer) + ten.inflight:
@@ -205,9 +200,9 @@ class RewardService:
             ready = decode(msg.data, WorkerReady)
         except DecodeError:
             return
-        w = self.pool.mark_ready(ready.worker_id)
-        if w is not None:
-            self.m_cold.observe(w.ready_at - w.spawned_at if w.ready_at else 0.0)
+        cold_s = self.pool.mark_ready(ready.worker_id)
+        if cold_s is not None:
+            self.m_cold.observe(cold_s)
             self._wake.set()
 
     async def _scale_forever(self) -> None:
@@ -320,7 +315,7 @@ class RewardService:
             return
         delivery = msg.metadata.num_delivered
         deadline = float(req.params.get("deadline_s", self.settings.deadline_s))
-        assign = RewardAssign(msg.data, msg.subject, delivery, deadline)
+        assign = RewardAssign(msg.data, deadline)
         t0 = time.monotonic()
         reply = asyncio.ensure_future(
             self.rt.nc.request(subjects.reward_worker(w.id), encode(assign), timeout=deadline + KILL_GRACE_S)
@@ -339,7 +334,7 @@ class RewardService:
         except (NatsTimeout, TimeoutError):
             log.warning("worker %s missed the %gs deadline on %s; killing it", w.id, deadline, msg.subject)
             self.pool.kill(w)
-            out = RewardOutcome(False, w.id, w.busy_s, error=f"deadline of {deadline:g}s passed")
+            out = RewardOutcome(False, w.busy_s, error=f"deadline of {deadline:g}s passed")
         except Exception as e:  # no responders: the worker is going away
             self.m_redeliver.labels("unreachable").inc()
             log.info("worker %s unreachable (%s); requeueing", w.id, e)

@@ -75,7 +75,7 @@ class Worker:
         self.kv_traj = await self.js.key_value(subjects.KV_TRAJ)
         self.ctx = RewardContext(self.sandboxes.get, self.nc)
         await self.nc.subscribe(subjects.reward_worker(self.id), cb=self._on_assign)
-        await self.nc.publish(subjects.REWARD_READY, encode(WorkerReady(self.id, os.getpid())))
+        await self.nc.publish(subjects.REWARD_READY, encode(WorkerReady(self.id)))
         await self.nc.flush()
         try:
             while not self.stopping.is_set():
@@ -112,19 +112,19 @@ class Worker:
             assign = decode(data, RewardAssign)
             req = decode(assign.data, RewardRequest)
         except DecodeError as e:
-            return RewardOutcome(False, self.id, 0.0, error=f"bad assignment: {e}", retryable=False)
+            return RewardOutcome(False, error=f"bad assignment: {e}", retryable=False)
         try:
             async with asyncio.timeout(assign.deadline_s):
                 reward = await score(req, self.ctx)
                 first = await store(self.js, self.kv_traj, self.nc, req.trajectory, reward)
-            return RewardOutcome(True, self.id, 0.0, reward=reward, duplicate=not first)
+            return RewardOutcome(True, duplicate=not first)
         except RewardError as e:
-            return RewardOutcome(False, self.id, 0.0, error=str(e), retryable=False)
+            return RewardOutcome(False, error=str(e), retryable=False)
         except TimeoutError:
-            return RewardOutcome(False, self.id, 0.0, error=f"deadline of {assign.deadline_s:g}s passed")
+            return RewardOutcome(False, error=f"deadline of {assign.deadline_s:g}s passed")
         except Exception as e:
             log.warning("scoring %s failed: %s", req.trajectory.traj_id, e)
-            return RewardOutcome(False, self.id, 0.0, error=f"{type(e).__name__}: {e}")
+            return RewardOutcome(False, error=f"{type(e).__name__}: {e}")
 
 
 def _alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -47,7 +48,9 @@ class WorkerPool:
         self.settings = settings
         self.on_change = on_change
         self.workers: dict[str, Worker] = {}
-        self.cold_starts: list[float] = []
+        # The most recent cold starts (their mean is the keep-alive), and how many there have been.
+        self.cold_starts: deque[float] = deque(maxlen=50)
+        self.n_cold_starts = 0
         self.killed = 0
         self.peak = 0
         self._seq = itertools.count()
@@ -75,14 +78,15 @@ class WorkerPool:
         asyncio.get_running_loop().add_reader(proc.sentinel, self._exited, w)
         return w
 
-    def mark_ready(self, wid: str) -> Worker | None:
+    def mark_ready(self, wid: str) -> float | None:
+        """Its cold start in seconds, or None for a worker that is gone or was ready already."""
         w = self.workers.get(wid)
         if w is None or w.ready_at is not None:
             return None
-        w.ready_at = time.monotonic()
-        w.idle_since = w.ready_at
+        w.ready_at = w.idle_since = time.monotonic()
         self.cold_starts.append(w.ready_at - w.spawned_at)
-        return w
+        self.n_cold_starts += 1
+        return w.ready_at - w.spawned_at
 
     def _exited(self, w: Worker) -> None:
         asyncio.get_running_loop().remove_reader(w.proc.sentinel)
@@ -106,18 +110,18 @@ class WorkerPool:
 
     def retire(self, w: Worker) -> None:
         """Stop taking work on ``w`` and let it exit (it finishes what it holds first)."""
-        w.retiring = True
-        w.retired_at = time.monotonic()
-        if w.proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(w.proc.pid, signal.SIGTERM)
+        self._stop(w, signal.SIGTERM)
 
     def kill(self, w: Worker) -> None:
-        w.retiring = True
         self.killed += 1
+        self._stop(w, signal.SIGKILL)
+
+    def _stop(self, w: Worker, sig: signal.Signals) -> None:
+        w.retiring = True
+        w.retired_at = w.retired_at or time.monotonic()
         if w.proc.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(w.proc.pid, signal.SIGKILL)
+                os.kill(w.proc.pid, sig)
 
     def live(self) -> list[Worker]:
         """Workers that count against the pool size: started or starting, not on their way out."""
@@ -135,7 +139,7 @@ class WorkerPool:
 
     def cold_start_s(self) -> float:
         """Recent spawn-to-ready time (the keep-alive break-even); 0.1 s before any worker has started."""
-        recent = self.cold_starts[-20:]
+        recent = list(self.cold_starts)[-20:]
         return sum(recent) / len(recent) if recent else 0.1
 
     def worker_seconds(self) -> float:

@@ -17,7 +17,6 @@ class FairQueue:
         self.weights = dict(weights or {})
         self.default_weight = default_weight
         self.vtime: dict[str, float] = {}
-        self.served: dict[str, float] = {}
         self.system = 0.0
         self._cost: dict[str, float] = {}
 
@@ -41,11 +40,9 @@ class FairQueue:
         """Account a dispatch at the tenant's estimated cost; returns the estimate to settle later."""
         est = self.estimate(tenant)
         self.vtime[tenant] = self.vtime.get(tenant, 0.0) + est / self.weight(tenant)
-        self.served[tenant] = self.served.get(tenant, 0.0) + est
         return est
 
     def settle(self, tenant: str, estimated: float, actual: float, smoothing: float = 0.2) -> None:
         self.vtime[tenant] = self.vtime.get(tenant, 0.0) + (actual - estimated) / self.weight(tenant)
-        self.served[tenant] = self.served.get(tenant, 0.0) + actual - estimated
         prev = self._cost.get(tenant)
         self._cost[tenant] = actual if prev is None else (1 - smoothing) * prev + smoothing * actual

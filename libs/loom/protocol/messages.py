@@ -438,8 +438,6 @@ class RewardAssign(Struct):
     """Controller -> reward worker: one delivery of a reward request (the stream message's bytes)."""
 
     data: bytes
-    subject: str
-    delivery: Pos
     deadline_s: NonNegF
 
 
@@ -447,9 +445,8 @@ class RewardOutcome(Struct):
     """Reward worker -> controller. ``ok``: stored (or already stored); otherwise why, and whether to retry."""
 
     ok: bool
-    worker_id: str
-    busy_s: NonNegF
-    reward: float | None = None
+    # The worker's busy seconds so far (at least one request in hand), for the pool's utilisation.
+    busy_s: NonNegF = 0.0
     duplicate: bool = False
     error: str = ""
     retryable: bool = True
@@ -457,7 +454,6 @@ class RewardOutcome(Struct):
 
 class WorkerReady(Struct):
     worker_id: str
-    pid: Pos
 
 
 # ---------------------------------------------------------------- service plumbing
