@@ -121,3 +121,15 @@ def test_bench_envs_reports_every_sigma_and_redundancy() -> None:
     assert all(x > 1.0 for x in speedups.values())
     assert speedups["10"] > speedups["1"]  # wider latency spread, costlier barriers
     assert out["redundant_speedup"] is None or out["redundant_speedup"] > 0
+
+
+def test_bench_rollmux_reports_every_policy_the_optimum_and_latency(tmp_path: Path) -> None:
+    need_shared("data/cluster/openb_pod_list_default.csv")
+    out = _bench("rollmux", "--quick", "--out", str(tmp_path))
+    policies = {"loom", "solo", "random", "most_idle"}
+    for key in ("cost_per_hour", "peak_cost", "slo_attainment", "saving_vs_solo"):
+        assert set(out[key]) == policies
+    assert out["slo_attainment"]["loom"] == 1.0 and out["saving_vs_solo"]["loom"] > 1.0
+    assert 1.0 <= out["cost_over_optimal"] <= out["optimal"]["max"]
+    assert set(out["decision_ms"]) == {"100", "1000", "2000"}
+    assert all(Path(p).stat().st_size > 0 for p in out["plots"])

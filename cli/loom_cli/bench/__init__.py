@@ -18,6 +18,7 @@ from loom_cli.bench import (
     predictor,
     resources,
     reward,
+    rollmux,
     rollout,
     sandbox,
 )
@@ -33,6 +34,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     rollout.BENCHMARK,
     sandbox.BENCHMARK,
     reward.BENCHMARK,
+    rollmux.BENCHMARK,
 )
 
 
