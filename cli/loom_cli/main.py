@@ -136,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--speed", type=float, default=20.0)
     d.add_argument("--policy", help='job policy as JSON, e.g. \'{"preset": "slime"}\' (default: heddle)')
+    rm = sub.add_parser(
+        "rollmux-demo", help="three trainer processes co-scheduled over NATS; Gantt of what ran"
+    )
+    rm.add_argument("--time-scale", type=float, default=0.01, help="wall seconds per planned second")
+    rm.add_argument("--iterations", type=int, default=3)
+    rm.add_argument("--out", default="bench-out/rollmux", help="where the Gantt PNG goes")
     return p
 
 
@@ -155,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
             rc = images.run(args)
         elif args.cmd == "sim-server":
             rc = args.run(args)
+        elif args.cmd == "rollmux-demo":
+            from loom_cli.rollmux_demo import main as rollmux_demo
+
+            rc = rollmux_demo(args)
         elif args.cmd == "demo":
             from loom_cli.demo import run_demo
 

@@ -130,6 +130,7 @@ async def ensure_streams(js: JetStreamContext) -> None:
     await ensure_kv(js, subjects.KV_TRAJ)
     await ensure_kv(js, subjects.KV_GROUPS)
     await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
+    await ensure_kv(js, subjects.KV_RLJOBS)
 
 
 async def ensure_kv(

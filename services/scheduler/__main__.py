@@ -11,9 +11,11 @@ from typing import Any
 import uvicorn
 
 from loom import service
+from loom.policies.rollmux.cluster import ClusterSpec
 from loom.service import Runtime
 from services.scheduler.api import build_app
 from services.scheduler.jobs import JobManager
+from services.scheduler.rljobs import RLJobManager
 from services.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)
@@ -30,13 +32,25 @@ class Scheduler:
     def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.jobs = JobManager(rt, settings)
+        cluster = ClusterSpec(
+            roll_node_mem_gb=settings.rollmux_node_mem_gb,
+            train_node_mem_gb=settings.rollmux_node_mem_gb,
+            max_group_size=settings.rollmux_max_group,
+            warm_start=settings.rollmux_warm_start,
+        )
+        self.rljobs = RLJobManager(rt, cluster, settings.rollmux_tail_threshold)
 
     def health(self) -> dict[str, Any]:
-        return {"api": f"http://{self.settings.host}:{self.settings.port}", **self.jobs.health()}
+        return {
+            "api": f"http://{self.settings.host}:{self.settings.port}",
+            **self.jobs.health(),
+            **self.rljobs.health(),
+        }
 
     async def run(self, rt: Runtime) -> None:
         await self.jobs.start()
-        app = build_app(rt, self.jobs)
+        await self.rljobs.start()
+        app = build_app(rt, self.jobs, self.rljobs)
         server = _Server(
             uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         )

@@ -11,9 +11,10 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom import __version__, results
-from loom.protocol import Job, JobSpec, from_json, to_builtins, to_json
+from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
 from services.scheduler.jobs import JobManager
+from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.tasks import SpecError
 
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
@@ -42,9 +43,10 @@ def _job_json(job: Job) -> dict[str, Any]:
     return d
 
 
-def build_app(rt: Runtime, jobs: JobManager) -> FastAPI:
+def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
     job_schema = msgspec.json.schema(JobSpec)
+    rljob_schema = msgspec.json.schema(RLJobSpec)
 
     def job_or_404(job_id: str) -> Job:
         job = jobs.get(job_id)
@@ -106,6 +108,47 @@ def build_app(rt: Runtime, jobs: JobManager) -> FastAPI:
     async def cancel_job(job_id: str) -> dict[str, Any]:
         job_or_404(job_id)
         return _job_json(await jobs.cancel(job_id))
+
+    @app.post(
+        "/v1/rljobs",
+        status_code=201,
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/json": {"schema": rljob_schema}}}
+        },
+    )
+    async def register_rljob(request: Request) -> JSONResponse:
+        """Register an RL job for co-scheduling; the answer is its group, nodes and planned iteration."""
+        try:
+            spec = from_json(await request.body() or b"{}", RLJobSpec)
+        except msgspec.ValidationError as e:
+            return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
+        except msgspec.DecodeError as e:
+            return _unprocessable(["body"], f"invalid JSON: {e}")
+        try:
+            placement = await rljobs.register(spec)
+        except RLJobExists as e:
+            raise HTTPException(status_code=409, detail=str(e)) from e
+        return JSONResponse(status_code=201, content=to_builtins(placement))
+
+    @app.get("/v1/rljobs")
+    async def list_rljobs() -> dict[str, Any]:
+        return {
+            "jobs": [to_builtins(p) for p in rljobs.placements.values()],
+            "groups": rljobs.groups(),
+            "cost_per_hour": round(rljobs.state.cost(), 2),
+        }
+
+    @app.get("/v1/rljobs/{name}")
+    async def get_rljob(name: str) -> dict[str, Any]:
+        if name not in rljobs.placements:
+            raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
+        return to_builtins(rljobs.placements[name])
+
+    @app.delete("/v1/rljobs/{name}")
+    async def remove_rljob(name: str) -> dict[str, Any]:
+        if name not in rljobs.placements:
+            raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
+        return to_builtins(await rljobs.remove(name))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from loom.settings import LoomSettings
@@ -13,3 +14,8 @@ class SchedulerSettings(LoomSettings):
     traces_path: str | None = None
     # How often pending jobs retry placement and running jobs are recounted (wall seconds).
     reconcile_s: float = 1.0
+    # Co-scheduling of RL jobs (RollMux): group size cap, warm-start cost per phase, tail migration point.
+    rollmux_max_group: int = Field(5, ge=1)
+    rollmux_warm_start: bool = True
+    rollmux_tail_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    rollmux_node_mem_gb: float = Field(2048.0, gt=0.0)

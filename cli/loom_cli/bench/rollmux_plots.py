@@ -42,16 +42,18 @@ def gantt(path: Path, rows: Sequence[GanttRow], title: str) -> Path:
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * len(lanes)))
     for lane, job, phase, start, end in rows:
         y = lanes.index(lane)
+        tail = phase == "tail"  # a migrated long tail: a sliver of the node, below the next rollout
         ax.barh(
-            y,
+            y + (0.3 if tail else 0.0),
             end - start,
             left=start,
+            height=0.25 if tail else 0.8,
             color=colours[job],
             edgecolor="black",
             linewidth=0.4,
-            hatch="//" if phase == "tail" else None,
+            hatch="//" if tail else None,
         )
-        if end - start > 0:
+        if end - start > 0 and not tail:
             ax.text((start + end) / 2, y, job, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()

@@ -456,6 +456,79 @@ class WorkerReady(Struct):
     worker_id: str
 
 
+# ---------------------------------------------------------------- co-scheduled RL jobs (RollMux)
+
+PhaseName = Literal["rollout", "train"]
+ModelSize = Literal["3b", "7b", "14b", "32b"]
+
+
+class RLJobSpec(Struct, forbid_unknown_fields=True):
+    """An RL training job to co-schedule (``POST /v1/rljobs``): its worst-case phase profile, footprint and
+    SLO. Phase times assume every response reaches the maximum length (the plan must hold at worst)."""
+
+    name: Ident
+    model: ModelSize
+    rollout_s: Annotated[float, Meta(gt=0)]
+    train_s: Annotated[float, Meta(gt=0)]
+    slo: Annotated[float, Meta(ge=1.0)] = 1.5
+    rollout_nodes: Pos = 1
+    train_nodes: Pos = 1
+
+
+class RLJobRecord(Struct):
+    """What the scheduler stores per RL job: replayed in ``created_at`` order after a restart."""
+
+    spec: RLJobSpec
+    created_at: float
+
+
+class RLJobPlacement(Struct):
+    job: str
+    group: int
+    rollout_nodes: list[int]
+    train_nodes: int
+    strategy: str  # direct | scaling | isolated
+    period_s: float  # the group's planned meta-iteration, the job's worst-case iteration
+    delta_cost: float  # $/h the admission added
+    created_at: float
+
+
+class PhaseRequest(Struct):
+    job: Ident
+    phase: PhaseName
+
+
+class PhaseDone(Struct):
+    job: Ident
+    phase: PhaseName
+
+
+class PhaseProgress(Struct):
+    job: Ident
+    done_fraction: Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+class PhaseAck(Struct, tag="ack"):
+    granted: bool  # True: the permit is already published; False: queued for its turn
+
+
+class PhasePermit(Struct):
+    job: str
+    phase: PhaseName
+    group: int
+    nodes: list[int]  # rollout nodes, or [-1] for the training pool
+    gpus: dict[int, int]
+
+
+class TailMigration(Struct):
+    """Consolidate the rollout's remaining responses onto ``gpus`` GPUs of ``node``; the rest are taken."""
+
+    job: str
+    node: int
+    gpus: int
+    at: float  # the scheduler's wall clock when it decided: the next rollout's permit follows it
+
+
 # ---------------------------------------------------------------- service plumbing
 
 

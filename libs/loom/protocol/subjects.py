@@ -107,11 +107,26 @@ STREAM_RESULTS_SUBJECTS = [f"{PREFIX}.results.>"]
 STREAM_DLQ = "LOOM_DLQ"
 STREAM_DLQ_SUBJECTS = [f"{PREFIX}.dlq.>"]
 
+# RollMux phase permits: trainers ask (request/reply), the scheduler answers on each job's permit subject.
+PHASE_REQUEST = f"{PREFIX}.rollmux.request"
+PHASE_DONE = f"{PREFIX}.rollmux.done"
+PHASE_PROGRESS = f"{PREFIX}.rollmux.progress"
+
+
+def phase_permit(job: str) -> str:
+    return f"{PREFIX}.rollmux.permit.{job}"
+
+
+def tail_migration(job: str) -> str:
+    return f"{PREFIX}.rollmux.migrate.{job}"
+
+
 # KV buckets.
 KV_JOBS = "loom_jobs"
 KV_TRAJ = "loom_traj"
 # Per group: the trajectories kept so far (redundant rollouts stop at group_size), key <job>.<group>.
 KV_GROUPS = "loom_groups"
 KV_WORKERS = "loom_workers"
+KV_RLJOBS = "loom_rljobs"  # co-scheduled RL job specs, replayed in order on restart
 
 QUEUE_GROUP = "loom"
