@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -17,6 +17,7 @@ from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.tasks import SpecError
 
+T = TypeVar("T")
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 
 
@@ -34,6 +35,16 @@ def _unprocessable(loc: list[str | int], msg: str) -> JSONResponse:
     return JSONResponse(
         status_code=422, content={"detail": [{"loc": loc, "msg": msg, "type": "value_error"}]}
     )
+
+
+def _decode(body: bytes, typ: type[T]) -> T | JSONResponse:
+    """A strict decode of a request body, or the 422 that says where it is wrong."""
+    try:
+        return from_json(body or b"{}", typ)
+    except msgspec.ValidationError as e:
+        return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
+    except msgspec.DecodeError as e:
+        return _unprocessable(["body"], f"invalid JSON: {e}")
 
 
 def _job_json(job: Job) -> dict[str, Any]:
@@ -62,13 +73,9 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
         },
     )
     async def submit_job(request: Request) -> JSONResponse:
-        body = await request.body()
-        try:
-            spec = from_json(body or b"{}", JobSpec)
-        except msgspec.ValidationError as e:
-            return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
-        except msgspec.DecodeError as e:
-            return _unprocessable(["body"], f"invalid JSON: {e}")
+        spec = _decode(await request.body(), JobSpec)
+        if isinstance(spec, JSONResponse):
+            return spec
         try:
             job = await jobs.submit(spec)
         except SpecError as e:
@@ -118,12 +125,9 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
     )
     async def register_rljob(request: Request) -> JSONResponse:
         """Register an RL job for co-scheduling; the answer is its group, nodes and planned iteration."""
-        try:
-            spec = from_json(await request.body() or b"{}", RLJobSpec)
-        except msgspec.ValidationError as e:
-            return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
-        except msgspec.DecodeError as e:
-            return _unprocessable(["body"], f"invalid JSON: {e}")
+        spec = _decode(await request.body(), RLJobSpec)
+        if isinstance(spec, JSONResponse):
+            return spec
         try:
             placement = await rljobs.register(spec)
         except RLJobExists as e:
@@ -138,16 +142,18 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
             "cost_per_hour": round(rljobs.state.cost(), 2),
         }
 
-    @app.get("/v1/rljobs/{name}")
-    async def get_rljob(name: str) -> dict[str, Any]:
+    def rljob_or_404(name: str) -> None:
         if name not in rljobs.placements:
             raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
+
+    @app.get("/v1/rljobs/{name}")
+    async def get_rljob(name: str) -> dict[str, Any]:
+        rljob_or_404(name)
         return to_builtins(rljobs.placements[name])
 
     @app.delete("/v1/rljobs/{name}")
     async def remove_rljob(name: str) -> dict[str, Any]:
-        if name not in rljobs.placements:
-            raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
+        rljob_or_404(name)
         return to_builtins(await rljobs.remove(name))
 
     @app.get("/healthz")

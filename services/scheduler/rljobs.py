@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -144,40 +145,33 @@ class RLJobManager:
 
     # ---------------------------------------------------------------- phase permits (NATS)
 
-    def _executor(self, job: str) -> tuple[int, RoundRobinExecutor] | None:
+    async def _step(
+        self, job: str, act: Callable[[RoundRobinExecutor], list[Permit]]
+    ) -> list[Permit] | ErrorReply:
+        """Apply one phase event to the job's group executor and publish the permits it frees."""
         gid = self.state.where.get(job)
-        return None if gid is None else (gid, self.executors[gid])
+        if gid is None:
+            return ErrorReply("not_found", f"unknown RL job {job!r}; register it with POST /v1/rljobs")
+        try:
+            permits = act(self.executors[gid])
+        except ValueError as e:
+            return ErrorReply("conflict", str(e))
+        await self._publish(gid, permits)
+        return permits
 
     async def _on_request(self, req: PhaseRequest, _msg: Msg) -> PhaseAck | ErrorReply:
-        found = self._executor(req.job)
-        if found is None:
-            return ErrorReply("not_found", f"unknown RL job {req.job!r}; register it with POST /v1/rljobs")
-        gid, ex = found
-        try:
-            permits = ex.request(req.job, req.phase)
-        except ValueError as e:
-            return ErrorReply("conflict", str(e))
-        await self._publish(gid, permits)
-        return PhaseAck(any(p.job == req.job for p in permits))
+        out = await self._step(req.job, lambda ex: ex.request(req.job, req.phase))
+        return out if isinstance(out, ErrorReply) else PhaseAck(any(p.job == req.job for p in out))
 
     async def _on_done(self, done: PhaseDone, _msg: Msg) -> PhaseAck | ErrorReply:
-        found = self._executor(done.job)
-        if found is None:
-            return ErrorReply("not_found", f"unknown RL job {done.job!r}")
-        gid, ex = found
-        try:
-            permits = ex.done(done.job, done.phase)
-        except ValueError as e:
-            return ErrorReply("conflict", str(e))
-        await self._publish(gid, permits)
-        return PhaseAck(True)
+        out = await self._step(done.job, lambda ex: ex.done(done.job, done.phase))
+        return out if isinstance(out, ErrorReply) else PhaseAck(True)
 
     async def _on_progress(self, p: PhaseProgress, _msg: Msg) -> None:
-        found = self._executor(p.job)
-        if found is None:
+        gid = self.state.where.get(p.job)
+        if gid is None:
             return
-        gid, ex = found
-        migration, permits = ex.progress(p.job, p.done_fraction)
+        migration, permits = self.executors[gid].progress(p.job, p.done_fraction)
         if migration is not None:
             self.m_migrations.inc()
             tail = TailMigration(migration.job, migration.node, migration.gpus, time.time())

@@ -26,23 +26,18 @@ class Phase(NamedTuple):
     train: float
 
 
-def meta_period(phases: Sequence[Phase], iterations: int = 12) -> float:
-    """Steady-state meta-iteration time of the strict round robin over ``phases`` (in order).
+def round_robin_ends(phases: Sequence[Phase], iterations: int) -> list[float]:
+    """When each meta-iteration's last training ends under the strict round robin over ``phases``.
 
     A max-plus recurrence: job k's rollout in iteration i starts when its training of iteration i-1 and
     the previous rollout on each of its nodes are done; its training when its rollout and the previous
-    training are. The second half of ``iterations`` is averaged, past the start-up transient.
+    training are.
     """
-    if not phases:
-        return 0.0
     node_free: dict[int, float] = {}
     train_free = 0.0
     train_end = [0.0] * len(phases)
-    half = iterations // 2
-    mark = 0.0
-    for i in range(iterations):
-        if i == half:
-            mark = train_free
+    ends = []
+    for _ in range(iterations):
         for k, (nodes, roll, train) in enumerate(phases):
             start = train_end[k]
             for n in nodes:
@@ -54,7 +49,28 @@ def meta_period(phases: Sequence[Phase], iterations: int = 12) -> float:
                 node_free[n] = end
             train_free = (end if end > train_free else train_free) + train
             train_end[k] = train_free
-    return (train_free - mark) / (iterations - half)
+        ends.append(train_free)
+    return ends
+
+
+def meta_period(phases: Sequence[Phase], iterations: int = 24) -> float:
+    """Steady-state meta-iteration time of the strict round robin over ``phases`` (in order).
+
+    The mean of the second half of ``iterations``, past the start-up transient, and never below what any
+    schedule needs: the longest member's cycle and the bottleneck's work (a transient that has not died
+    out yet can average lower).
+    """
+    if not phases:
+        return 0.0
+    ends = round_robin_ends(phases, iterations)
+    half = iterations // 2
+    mean = (ends[-1] - ends[half - 1]) / (iterations - half)
+    per_node: dict[int, float] = {}
+    for p in phases:
+        for n in p.nodes:
+            per_node[n] = per_node.get(n, 0.0) + p.roll
+    bound = max(max(p.roll + p.train for p in phases), sum(p.train for p in phases), max(per_node.values()))
+    return max(mean, bound)
 
 
 @dataclass(frozen=True)
