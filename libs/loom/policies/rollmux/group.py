@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.job import RLJob
-from loom.policies.rollmux.roundrobin import Phase, meta_period
+from loom.policies.rollmux.roundrobin import Phase, cycle_and_load, meta_period
 
 EPS = 1e-9
 
@@ -65,27 +65,13 @@ class Group:
 
     # ---------------------------------------------------------------- the paper's quantities
 
-    def cycle(self, phases: list[Phase] | None = None) -> float:
-        """T_cycle: the longest member's iteration with the group's phase times."""
-        ps = self.phases() if phases is None else phases
-        return max((p.roll + p.train for p in ps), default=0.0)
-
-    def load(self, phases: list[Phase] | None = None) -> float:
-        """T_load: the work of one meta-iteration on the bottleneck node."""
-        ps = self.phases() if phases is None else phases
-        per_node: dict[int, float] = {}
-        for p in ps:
-            for n in p.nodes:
-                per_node[n] = per_node.get(n, 0.0) + p.roll
-        return max(sum(p.train for p in ps), max(per_node.values(), default=0.0))
-
     def saturated(self) -> bool:
         """No slack left: the bottleneck's work fills the longest member's cycle (Algorithm 1, line 4)."""
         return bool(self.members) and self.t_load >= self.t_cycle - EPS
 
     def _refresh(self) -> None:
         ps = self.phases()
-        self.t_cycle, self.t_load = self.cycle(ps), self.load(ps)
+        self.t_cycle, self.t_load = cycle_and_load(ps)
         self.train_sum = sum(p.train for p in ps)
         self.min_budget = min((m.job.budget for m in self.members.values()), default=float("inf"))
 
@@ -96,12 +82,12 @@ class Group:
     def cost(self) -> float:
         return self.cluster.cost(len(self.nodes), self.train_nodes)
 
-    def utilisation(self, period: float | None = None) -> float:
+    def utilisation(self) -> float:
         """Busy node-seconds over provisioned node-seconds in one meta-iteration."""
         ps = self.phases()
         if not ps:
             return 0.0
-        t = self.period() if period is None else period
+        t = meta_period(ps)
         busy = sum(p.roll * len(p.nodes) + p.train * self.train_nodes for p in ps)
         return busy / ((len(self.nodes) + self.train_nodes) * t)
 

@@ -65,12 +65,18 @@ def meta_period(phases: Sequence[Phase], iterations: int = 24) -> float:
     ends = round_robin_ends(phases, iterations)
     half = iterations // 2
     mean = (ends[-1] - ends[half - 1]) / (iterations - half)
+    return max(mean, *cycle_and_load(phases))
+
+
+def cycle_and_load(phases: Sequence[Phase]) -> tuple[float, float]:
+    """T_cycle (the longest member's iteration) and T_load (one meta-iteration's work on the bottleneck:
+    the training pool or the busiest rollout node), paper §4.2."""
     per_node: dict[int, float] = {}
     for p in phases:
         for n in p.nodes:
             per_node[n] = per_node.get(n, 0.0) + p.roll
-    bound = max(max(p.roll + p.train for p in phases), sum(p.train for p in phases), max(per_node.values()))
-    return max(mean, bound)
+    cycle = max((p.roll + p.train for p in phases), default=0.0)
+    return cycle, max(sum(p.train for p in phases), max(per_node.values(), default=0.0))
 
 
 @dataclass(frozen=True)
