@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-import signal
 import sys
 import tempfile
 import time
@@ -22,6 +20,7 @@ from typing import Any
 import httpx
 
 from loom.natsserver import NatsServer
+from loom.supervisor import ProcSpec, Supervisor
 from loom_cli.bench.rollmux_plots import GanttRow, gantt
 from loom_cli.deploy import free_port
 
@@ -64,12 +63,12 @@ def check_timeline(runs: list[dict[str, Any]], gpus_per_node: int = 8) -> tuple[
     return violations, tails
 
 
-async def _wait_http(url: str, proc: asyncio.subprocess.Process, within_s: float = 30.0) -> None:
+async def _wait_http(url: str, sup: Supervisor, logs: Path, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     async with httpx.AsyncClient() as http:
         while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"the scheduler exited with {proc.returncode}")
+            if sup.restarts()["scheduler"]:
+                raise RuntimeError(f"the scheduler crashed at start; see {logs / 'scheduler.log'}")
             try:
                 if (await http.get(f"{url}/healthz")).status_code == 200:
                     return
@@ -86,13 +85,11 @@ async def run_demo(time_scale: float, iterations: int) -> dict[str, Any]:
         url = await server.start()
         port = free_port()
         api = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "LOOM_NATS_URL": url, "LOOM_SCHEDULER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        log = open(work / "scheduler.log", "wb")  # noqa: SIM115, ASYNC230 - once, at spawn
-        sched = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.scheduler", env=env, stdout=log, stderr=log
-        )
+        env = {"LOOM_NATS_URL": url, "LOOM_SCHEDULER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        sup = Supervisor(work / "logs")
         try:
-            await _wait_http(api, sched)
+            await sup.start(ProcSpec("scheduler", [sys.executable, "-m", "services.scheduler"], env))
+            await _wait_http(api, sup, work / "logs")
             async with httpx.AsyncClient() as http:
                 placements = []
                 for spec in DEMO_JOBS:
@@ -130,10 +127,7 @@ async def run_demo(time_scale: float, iterations: int) -> dict[str, Any]:
                 for line in (work / f"{spec['name']}.jsonl").read_text().splitlines()
             ]
         finally:
-            if sched.returncode is None:
-                sched.send_signal(signal.SIGTERM)
-                await sched.wait()
-            log.close()
+            await sup.stop()
             await server.stop()
     return {"placements": placements, "groups": groups["groups"], "trainer_exit_codes": codes, "runs": runs}
 
