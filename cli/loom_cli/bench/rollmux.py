@@ -122,9 +122,9 @@ def _versus_optimal(
         state = CoScheduler(cluster, RollMux())
         for j in jobs:
             state.submit(j)
-        best = optimal_cost(jobs, cluster)
-        ratios.append(state.cost() / best)
-        loom_total += state.cost()
+        online, best = state.cost(), optimal_cost(jobs, cluster)
+        ratios.append(online / best)
+        loom_total += online
         opt_total += best
     return {
         "instances": instances,

@@ -112,8 +112,8 @@ def make_arrivals(
 @dataclass
 class _Progress:
     arrival: float
-    iterations: float  # to run (the "iterations" model) or run so far (the "duration" model)
-    done: float
+    iterations: float  # the solo run's iterations: what the "iterations" model makes a job finish
+    done: float  # iterations run so far
     since: float
     period: float
     version: int = 0
@@ -130,7 +130,6 @@ class Outcome:
     slowdowns: list[float] = field(default_factory=list)  # mean iteration over solo, per job
     # (time s, $/h, rollout GPUs, training GPUs) after every event
     timeline: list[tuple[float, float, int, int]] = field(default_factory=list)
-    decision_ms: list[float] = field(default_factory=list)
 
     @property
     def slo_attainment(self) -> float:
@@ -194,9 +193,7 @@ def simulate(
         now = t
         if kind == "arrive":
             a: Arrival = payload  # type: ignore[assignment]
-            t0 = time.perf_counter()
             d = state.submit(a.job)
-            out.decision_ms.append((time.perf_counter() - t0) * 1e3)
             jobs[a.job.id] = _Progress(t, a.duration / a.job.t_solo, 0.0, t, d.period)
             if model == "duration":
                 push(t + a.duration, "finish", (a.job.id, 0))
