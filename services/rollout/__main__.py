@@ -21,7 +21,14 @@ def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
         return SGLangEngine(s.sglang_url, model=s.model, gpu=s.gpu)
     from loom.engine.sim import SimEngine
 
-    return SimEngine(model=s.model, gpu=s.gpu, tp=s.tp, clock=rt.clock, max_running=s.max_running)
+    return SimEngine(
+        model=s.model,
+        gpu=s.gpu,
+        tp=s.tp,
+        clock=rt.clock,
+        max_running=s.max_running,
+        hicache_ratio=s.hicache_ratio,
+    )
 
 
 def build(rt: Runtime) -> RolloutWorker:

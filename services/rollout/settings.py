@@ -19,6 +19,8 @@ class RolloutSettings(LoomSettings):
     gpu: str = "h100"
     tp: int = Field(1, ge=1, le=64)
     max_running: int = Field(256, ge=1)
+    # Simulated engine's host KV tier as a multiple of its device pool (SGLang's --hicache-ratio; 0: off).
+    hicache_ratio: float = Field(0.0, ge=0.0, le=64.0)
     heartbeat_s: float = 1.0
     telemetry_s: float = 0.5
     # On SIGTERM, how long in-flight requests may run before they are aborted (wall seconds).

@@ -16,6 +16,7 @@ from loom.engine.prefix_cache import PrefixCache
 from loom.engine.sim import SimCore, SimEngine
 
 PERF = PerfModel("h100", "qwen3-0.6b")
+PERF_8B = PerfModel("h100", "qwen3-8b")
 PROPS = settings(max_examples=120, deadline=None)
 
 
@@ -24,6 +25,8 @@ def check(core: SimCore) -> None:
     assert 0 <= load.kv_used_tokens <= load.kv_capacity_tokens
     assert 0 <= core.cache.evictable <= core.cache.tokens <= load.kv_used_tokens
     assert load.running <= core.max_running
+    if core.host is not None:
+        assert 0 <= core.host.tokens <= core.host_kv_tokens
 
 
 def drain(core: SimCore) -> list[EngineOutput]:
@@ -59,6 +62,8 @@ core_args = st.fixed_dictionaries(
         "prefill_budget": st.sampled_from([64, 300, 8192]),
         "reserve_ratio": st.sampled_from([0.0, 0.1, 0.5]),
         "preempt_threshold": st.sampled_from([None, 0.0, 10.0]),
+        "evict_by_priority": st.booleans(),
+        "host_kv_tokens": st.sampled_from([0, 800, 6000]),
     }
 )
 
@@ -241,6 +246,43 @@ def test_retracted_request_keeps_its_cached_prefix() -> None:
     assert core.retractions == 1
     assert (outs["low"].output_len, outs["high"].output_len) == (400, 500)
     assert core.cache.length("low") == 900
+
+
+def _evicted_then_resumed(host_kv_tokens: int) -> tuple[SimCore, EngineOutput, int]:
+    """Trajectory ``a`` runs a step, ``b`` pushes part of its cache out of the device, ``a`` resumes; with
+    what ``a`` kept on the device. An 8B model: for one as small as PERF's, recomputing a prefix is quicker
+    than loading its KV over PCIe."""
+    core = SimCore(PERF_8B, kv_capacity=3000, reserve_ratio=0.0, host_kv_tokens=host_kv_tokens)
+    core.submit(EngineRequest("a0", 1800, 200, prefix_key="a"), 0.0)
+    drain(core)
+    core.submit(EngineRequest("b0", 2500, 100, prefix_key="b"), core.now)
+    drain(core)
+    kept = core.cache.length("a")
+    core.submit(EngineRequest("a1", 2100, 50, prefix_key="a"), core.now)
+    (out,) = drain(core)
+    return core, out, kept
+
+
+def test_host_tier_loads_an_evicted_prefix_back_instead_of_recomputing_it() -> None:
+    core, out, kept = _evicted_then_resumed(host_kv_tokens=6000)
+    assert kept == 3000 - 2600  # b took the rest
+    assert out.cached_tokens == 2000 and core.loaded_tokens == 2000 - kept
+    load_s = PERF_8B.kv_transfer_time(core.loaded_tokens, PERF_8B.gpu.host_link_gbps)
+    assert out.prefill_s >= load_s * (1 - 1e-9)  # the load bounds the iteration that prefills a1
+    bare, recomputed, _ = _evicted_then_resumed(host_kv_tokens=0)
+    assert recomputed.cached_tokens == kept and bare.loaded_tokens == 0
+    assert out.prefill_s < recomputed.prefill_s
+
+
+def test_host_tier_keeps_the_higher_priority_prefixes_within_its_size() -> None:
+    core = SimCore(PERF, kv_capacity=2000, reserve_ratio=0.0, evict_by_priority=True, host_kv_tokens=2500)
+    for i, prio in enumerate([3.0, 1.0, 2.0]):
+        core.submit(EngineRequest(f"r{i}", 1500, 100, prefix_key=f"p{prio:g}", priority=prio), core.now)
+        drain(core)
+    core.submit(EngineRequest("flush", 1900, 50, priority=9.0), core.now)
+    drain(core)
+    assert core.host is not None and core.host.tokens <= 2500
+    assert core.host.length("p3") == 1600 and core.host.length("p1") < core.host.length("p2")
 
 
 def test_chunked_prefill_spreads_a_long_prompt_over_iterations() -> None:

@@ -25,6 +25,10 @@ class GpuSpec:
     mem_bw_tbps: float
     memory_gib: float
     nvlink_gbps: float  # datasheet figure, both directions together
+    # Host-to-device per GPU, effective: PCIe Gen5 x16 is 64 GB/s a direction on paper and about 50 GB/s
+    # pinned in practice; half that, as eight GPUs share the host's memory channels and a KV load gathers
+    # pages (Gen4 on the A100).
+    host_link_gbps: float = 25.0
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -34,7 +38,14 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h800", bf16_tflops=989.0, mem_bw_tbps=3.35, memory_gib=80.0, nvlink_gbps=400.0),
         GpuSpec("h20", bf16_tflops=148.0, mem_bw_tbps=4.0, memory_gib=96.0, nvlink_gbps=900.0),
         GpuSpec("h200", bf16_tflops=989.0, mem_bw_tbps=4.8, memory_gib=141.0, nvlink_gbps=900.0),
-        GpuSpec("a100", bf16_tflops=312.0, mem_bw_tbps=2.0, memory_gib=80.0, nvlink_gbps=600.0),
+        GpuSpec(
+            "a100",
+            bf16_tflops=312.0,
+            mem_bw_tbps=2.0,
+            memory_gib=80.0,
+            nvlink_gbps=600.0,
+            host_link_gbps=12.5,
+        ),
     )
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -27,9 +28,13 @@ class _Entry:
 
 
 class PrefixCache:
-    def __init__(self, by_priority: bool = False) -> None:
+    def __init__(
+        self, by_priority: bool = False, on_evict: Callable[[str, int, float], None] | None = None
+    ) -> None:
         self._entries: dict[str, _Entry] = {}
         self.by_priority = by_priority
+        # Told (key, length before, priority) whenever eviction shortens an entry: a host tier keeps it.
+        self.on_evict = on_evict
         # Keys with evictable tokens in eviction order, (priority, stamp, key), stale items skipped: eviction
         # never walks past pinned entries.
         self._order: list[tuple[float, int, str]] = []
@@ -68,11 +73,13 @@ class PrefixCache:
         pin = max(entry.holders.values(), default=0)
         self._set(key, entry, entry.length if length is None else max(length, pin), pin)
 
-    def insert(self, key: str, length: int) -> None:
+    def insert(self, key: str, length: int, priority: float | None = None) -> None:
         """Make ``key`` hold at least ``length`` tokens (an imported prefix); the tail is evictable."""
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
+        if priority is not None and self.by_priority:
+            entry.priority = priority
         self._set(key, entry, max(entry.length, length), entry.pin)
 
     def trim(self, key: str) -> None:
@@ -95,6 +102,8 @@ class PrefixCache:
                 kept.append((prio, stamp, key))
                 continue
             take = min(entry.length - entry.pin, tokens - freed)
+            if self.on_evict is not None:
+                self.on_evict(key, entry.length, entry.priority)
             entry.length -= take
             freed += take
             if entry.length > entry.pin:

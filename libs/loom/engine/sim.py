@@ -28,10 +28,17 @@ class SimEngine:
         clock: Clock | None = None,
         max_running: int = 256,
         mem_fraction: float = 0.9,
+        hicache_ratio: float = 0.0,
     ) -> None:
         self.clock = clock or Clock()
         self.core = build_core(
-            model, gpu, tp, mem_fraction=mem_fraction, max_running=max_running, start=self.clock.now()
+            model,
+            gpu,
+            tp,
+            mem_fraction=mem_fraction,
+            max_running=max_running,
+            start=self.clock.now(),
+            hicache_ratio=hicache_ratio,
         )
         self.perf = self.core.perf
         self.info = EngineInfo(

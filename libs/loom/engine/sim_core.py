@@ -10,6 +10,11 @@ recorded token counts, so the simulator never stops early.
 
 A trajectory's cached prefix can move between engines (migration): ``export_prefix`` on the source,
 ``import_prefix`` on the target, where it lands after the KV transfer time and is evictable from then on.
+
+With a host tier (SGLang's HiCache, ``--enable-hierarchical-cache --hicache-ratio R``), what the device
+cache evicts is kept in host memory, R times the device pool, and a request admitted later loads it back
+over the GPUs' host links instead of recomputing it. The load overlaps the iteration layer by layer, so
+that iteration lasts the longer of its compute and the transfer.
 """
 
 from __future__ import annotations
@@ -59,6 +64,10 @@ class _Chunk:
     prefill: list[tuple[_Seq, int]] = field(default_factory=list)
 
 
+# SGLang's --hicache-ratio default: the host pool is twice the device pool.
+HICACHE_RATIO = 2.0
+
+
 def build_core(
     model: str = "qwen3-8b",
     gpu: str = "h100",
@@ -69,8 +78,10 @@ def build_core(
     start: float = 0.0,
     preempt_threshold: float | None = 10.0,
     evict_by_priority: bool = False,
+    hicache_ratio: float = 0.0,
 ) -> SimCore:
-    """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights."""
+    """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights
+    and, with ``hicache_ratio`` > 0, a host tier that many times the device pool."""
     perf = PerfModel(gpu, model, tp)
     capacity = perf.kv_capacity_tokens(mem_fraction)
     if capacity <= 0:
@@ -82,6 +93,7 @@ def build_core(
         start=start,
         preempt_threshold=preempt_threshold,
         evict_by_priority=evict_by_priority,
+        host_kv_tokens=int(hicache_ratio * capacity),
     )
 
 
@@ -96,7 +108,10 @@ class SimCore:
         start: float = 0.0,
         preempt_threshold: float | None = 10.0,
         evict_by_priority: bool = False,
+        host_kv_tokens: int = 0,
     ) -> None:
+        if host_kv_tokens < 0:
+            raise ValueError(f"host_kv_tokens must be >= 0, got {host_kv_tokens}")
         if kv_capacity <= 0 or max_running < 1 or prefill_budget < 1:
             raise ValueError("kv_capacity, max_running and prefill_budget must be positive")
         if not 0.0 <= reserve_ratio <= 1.0:
@@ -114,7 +129,13 @@ class SimCore:
         self.preempt_threshold = preempt_threshold
         self.preemptions = 0
         self.weight_version = ""
-        self.cache = PrefixCache(by_priority=evict_by_priority)
+        self.host_kv_tokens = host_kv_tokens
+        self.host = PrefixCache(by_priority=evict_by_priority) if host_kv_tokens else None
+        self.cache = PrefixCache(
+            by_priority=evict_by_priority, on_evict=self._spill if self.host is not None else None
+        )
+        self.loaded_tokens = 0  # brought back from the host tier instead of recomputed
+        self._loading = 0  # tokens loaded for the next iteration, which lasts at least their transfer
         self.generated_tokens = 0
         self.retractions = 0
         self._now = start
@@ -155,6 +176,8 @@ class SimCore:
                 "cached_tokens": float(self.cache.tokens),
                 "evictable_tokens": float(self.cache.evictable),
                 "retractions": float(self.retractions),
+                "host_cached_tokens": float(self.host.tokens if self.host is not None else 0),
+                "host_loaded_tokens": float(self.loaded_tokens),
             },
         )
 
@@ -196,11 +219,15 @@ class SimCore:
         length = self.cache.length(prefix_key)
         if remove:
             self.cache.trim(prefix_key)
+            if self.host is not None:
+                self.host.trim(prefix_key)
         return length
 
     def end_prefix(self, prefix_key: str) -> None:
         """The trajectory behind ``prefix_key`` has ended: its cache is the first to go."""
         self.cache.demote(prefix_key)
+        if self.host is not None:
+            self.host.demote(prefix_key)
 
     def import_prefix(
         self, prefix_key: str, tokens: int, now: float, bandwidth_gbps: float | None = None
@@ -269,7 +296,7 @@ class SimCore:
             if s is not None and s.seq == seq:
                 heapq.heappush(self._queue, (-s.req.priority, seq, rid))
         prefill, budget, growth = self._prefill_plan()
-        while self._running and self._avail() < growth:
+        while self._running and self._growth_room(growth) < growth:
             self._retract(self._lowest_running())
             prefill, budget, growth = self._prefill_plan()
         prefill, budget, growth = self._admit_queue(prefill, budget, growth)
@@ -286,11 +313,15 @@ class SimCore:
         if prefill:
             attended = sum(take * (s.context - s.prefill_left) + take * (take + 1) / 2 for s, take in prefill)
             tokens = sum(take for _, take in prefill)
-            dt = self.perf.iteration_time(tokens, decoders, self._decode_kv, attended)
+            dt = max(self.perf.iteration_time(tokens, decoders, self._decode_kv, attended), self._load_s())
             return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, growth, prefill)
+        if self._loading:
+            dt = max(self.perf.decode_span(decoders, self._decode_kv, 1), self._load_s())
+            return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, decoders)
         # Pure decode: the batch stays the same until a sequence finishes or the KV cache fills, since a
         # blocked queue head stays blocked while the running sequences only grow.
-        iters = min(self._next_finish_step() - self._step, self._avail() // decoders)
+        until_finish = self._next_finish_step() - self._step
+        iters = min(until_finish, self._growth_room(until_finish * decoders) // decoders)
         chunk = _Chunk(self._now, 0.0, iters, decoders, self._decode_kv, decoders)
         arrival = self._next_arrival()
         if arrival is not None:
@@ -309,10 +340,13 @@ class SimCore:
             key = s.req.prefix_key
             cached = min(self.cache.length(key), s.context) if key is not None else 0
             uncached = s.context - cached
-            take = min(uncached, budget)
-            if uncached and not take:
+            hosted = self.host.length(key) if self.host is not None and key is not None else 0
+            loads = max(0, min(hosted, s.context) - cached)
+            compute = uncached - loads
+            take = min(compute, budget)
+            if compute and not take:
                 break
-            grows = int(take == uncached and s.generated < s.req.max_new_tokens)
+            grows = int(take == compute and s.generated < s.req.max_new_tokens)
             later = self._remaining + s.req.max_new_tokens - s.generated - grows
             need = uncached + grows + self.reserve_ratio * later + growth
             if self.cache.by_priority and self._running:
@@ -325,6 +359,10 @@ class SimCore:
             if need > room:
                 break  # strict priority order: nothing jumps the head of the queue
             heapq.heappop(self._queue)
+            if loads:
+                assert key is not None
+                self._load(key, cached + loads)
+                cached += loads
             self._admit(s, cached)
             if take:
                 prefill.append((s, take))
@@ -377,6 +415,7 @@ class SimCore:
             if iters == chunk.iters
             else chunk.start + self.perf.decode_span(chunk.decoders, chunk.decode_kv, iters)
         )
+        self._loading = 0
         self._reserve(chunk.growth * iters)
         self._private += chunk.growth * iters
         self._step += iters
@@ -493,10 +532,48 @@ class SimCore:
         """KV tokens obtainable now: free ones plus evictable cached ones."""
         return self.kv_capacity - self.kv_used_tokens + self.cache.evictable
 
+    def _growth_room(self, tokens: int) -> int:
+        """KV the running batch may grow into, counted up to ``tokens``: free KV and evictable caches, but
+        with priority eviction only the caches of trajectories ranked at most the lowest running one. A
+        long trajectory's context waiting out a tool call outranks a short one's growth, so the short one
+        is retracted instead (Heddle's Algorithm 1 line 8: the preempted keep their KV, the rest recompute).
+        A batch of one may take every cache, as its admission did: retracting it would only readmit it."""
+        if not (self.cache.by_priority and len(self._running) > 1):
+            return self._avail()
+        free = self.kv_capacity - self.kv_used_tokens
+        below = self.cache.evictable_below(max(0, tokens - free), self._lowest_running().req.priority)
+        return free + below
+
     def _reserve(self, tokens: int) -> None:
         short = tokens - (self.kv_capacity - self.kv_used_tokens)
         if short > 0 and self.cache.evict(short) < short:
             raise AssertionError("KV reservation beyond what the plan checked")
+
+    def _spill(self, key: str, length: int, priority: float) -> None:
+        """The device cache is evicting part of ``key``: the host tier keeps up to ``length`` of it (write
+        through: a host entry counts its whole prefix), evicting in its own order for room, ``key``'s tail
+        included when it ranks lowest."""
+        assert self.host is not None
+        self.host.insert(key, length, priority)
+        over = self.host.tokens - self.host_kv_tokens
+        if over > 0:
+            self.host.evict(over)  # nothing is pinned on the host: this always frees enough
+
+    def _load(self, key: str, length: int) -> None:
+        """Bring ``key``'s cached prefix up to ``length`` tokens from the host tier, making room in the
+        device cache (the admission check counted these tokens as needed KV)."""
+        gain = length - self.cache.length(key)
+        short = gain - (self.kv_capacity - self.kv_used_tokens)
+        if short > 0 and self.cache.evict(short, spare=key) < short:
+            raise AssertionError("host load beyond what the admission checked")
+        self.cache.insert(key, length)
+        self.loaded_tokens += gain
+        self._loading += gain
+
+    def _load_s(self) -> float:
+        return (
+            self.perf.kv_transfer_time(self._loading, self.perf.gpu.host_link_gbps) if self._loading else 0.0
+        )
 
     def _land(self) -> None:
         """Cache the imports whose transfer has finished, in free KV or in place of other evictable prefixes.

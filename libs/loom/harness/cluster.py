@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loom.engine.perf import PerfModel
+from loom.engine.sim_core import HICACHE_RATIO
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import placement_profile
 from loom.policies.resources import ResourceProblem, anneal
@@ -36,8 +37,8 @@ class Cluster:
             if d <= self.gpus and PerfModel(self.gpu, self.model, d).kv_capacity_tokens() > 0
         ]
 
-    def profile(self, degree: int, max_group: int, by_priority: bool = False) -> WorkerProfile:
-        """F and T of a worker at ``degree``; ``by_priority`` for a job under progressive priority."""
+    def profile(self, degree: int, max_group: int, policy: ResolvedPolicy) -> WorkerProfile:
+        """F and T of a worker at ``degree`` running ``policy``'s queue order and KV tiers."""
         return placement_profile(
             self.model,
             self.gpu,
@@ -46,7 +47,8 @@ class Cluster:
             max_running=self.max_running,
             tool_s=self.tool_s,
             max_group=max_group,
-            by_priority=by_priority,
+            by_priority=policy.priority_cache,
+            hicache_ratio=HICACHE_RATIO if policy.host_cache else 0.0,
         )
 
 
@@ -61,7 +63,7 @@ def allocate(
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
-        profiles = {d: cluster.profile(d, top, policy.priority_cache) for d in fits}
+        profiles = {d: cluster.profile(d, top, policy) for d in fits}
         problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights)
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)

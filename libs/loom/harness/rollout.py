@@ -20,7 +20,7 @@ import numpy as np
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.interference import context_bucket
 from loom.engine.perf import PerfModel
-from loom.engine.sim_core import build_core
+from loom.engine.sim_core import HICACHE_RATIO, build_core
 from loom.engine.virtual import VirtualSim
 from loom.harness.bounds import lower_bound
 from loom.harness.cluster import Cluster, allocate
@@ -174,6 +174,7 @@ def run_rollout(
                 max_running=cluster.max_running,
                 preempt_threshold=10.0 if preemptive else None,
                 evict_by_priority=policy.priority_cache,
+                hicache_ratio=HICACHE_RATIO if policy.host_cache else 0.0,
             )
         )
         for d in degrees
@@ -187,7 +188,7 @@ def run_rollout(
         # Samples of a prompt tie under a prompt-level estimate: the sample-major presort deals them out.
         order = sorted(range(n), key=lambda i: (trajs[i].sample, i))
         top = int(np.ceil(sum(weights))) + 1
-        profiles = [cluster.profile(d, top, policy.priority_cache) for d in degrees]
+        profiles = [cluster.profile(d, top, policy) for d in degrees]
         part = presorted_dp([initial[i] for i in order], profiles, weights=[weights[i] for i in order])
         assignment = part.assignment()
         for rank, i in enumerate(order):

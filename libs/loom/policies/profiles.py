@@ -45,12 +45,14 @@ def simulate_group(
     max_running: int,
     seed: int = 0,
     by_priority: bool = False,
+    hicache_ratio: float = 0.0,
 ) -> float:
     """Generation time per token (simulated seconds) of the slowest of ``size`` trajectories sharing one
     engine.
 
     ``by_priority``: the engine runs Heddle's progressive priority (distinct priorities, preemption, caches
     evicted lowest priority first), as the workers of a job with that order do; else SGLang's defaults.
+    ``hicache_ratio``: the engine's host KV tier, that many times its device pool (0: none).
     """
     sim = VirtualSim()
     core = build_core(
@@ -60,6 +62,7 @@ def simulate_group(
         max_running=max_running,
         preempt_threshold=10.0 if by_priority else None,
         evict_by_priority=by_priority,
+        hicache_ratio=hicache_ratio,
     )
     engine = sim.add_engine(core)
     rng = random.Random(seed)
@@ -109,6 +112,7 @@ def _grid_factors(
     max_running: int,
     top: int,
     by_priority: bool,
+    hicache_ratio: float,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     # Past saturation F grows in proportion to the group: simulating up to twice that covers the bend, and
     # placement_profile extends the rest linearly.
@@ -127,6 +131,7 @@ def _grid_factors(
             tool_s=tool_s,
             max_running=max_running,
             by_priority=by_priority,
+            hicache_ratio=hicache_ratio,
         )
         for g in sizes
     ]
@@ -143,12 +148,21 @@ def placement_profile(
     tool_s: float,
     max_group: int,
     by_priority: bool = False,
+    hicache_ratio: float = 0.0,
 ) -> WorkerProfile:
     """T and F(0..max_group) of one worker kind for a job whose steps are followed by ``tool_s`` tools."""
     bucket = context_bucket(context_len)
     top = max(1, min(max_group, GRID[-1]))
     sizes, factors = _grid_factors(
-        model.lower(), gpu.lower(), tp, bucket, round(tool_s * 1000), max_running, top, by_priority
+        model.lower(),
+        gpu.lower(),
+        tp,
+        bucket,
+        round(tool_s * 1000),
+        max_running,
+        top,
+        by_priority,
+        hicache_ratio,
     )
     g = np.arange(max_group + 1, dtype=np.float64)
     f = np.interp(g, sizes, factors)

@@ -63,6 +63,9 @@ class PolicySpec(Struct, forbid_unknown_fields=True):
     migration: bool | None = None
     resources: ResourceKind | None = None
     fixed_mp: Annotated[int, Meta(ge=1, le=64)] = 1
+    # Workers keep what their device KV cache evicts in host memory and load it back instead of
+    # recomputing it (SGLang's hierarchical cache); where Loom sizes the workers, i.e. the harness.
+    host_cache: bool | None = None
 
     def resolved(self) -> ResolvedPolicy:
         base = PRESETS[self.preset]
@@ -72,6 +75,7 @@ class PolicySpec(Struct, forbid_unknown_fields=True):
             migration=base.migration if self.migration is None else self.migration,
             resources=self.resources or base.resources,
             fixed_mp=self.fixed_mp,
+            host_cache=base.host_cache if self.host_cache is None else self.host_cache,
         )
 
 
@@ -81,6 +85,7 @@ class ResolvedPolicy(Struct, frozen=True):
     migration: bool
     resources: ResourceKind
     fixed_mp: int = 1
+    host_cache: bool = False
 
     @property
     def static(self) -> bool:
@@ -94,9 +99,10 @@ class ResolvedPolicy(Struct, frozen=True):
         return self.order == "pps"
 
 
-# The systems Loom is measured against use per-step round robin and homogeneous workers (Heddle §7).
+# The systems Loom is measured against use per-step round robin and homogeneous workers (Heddle §7), and
+# SGLang's default device-only KV cache; Heddle persists the KV of preempted trajectories (Algorithm 1).
 PRESETS: dict[str, ResolvedPolicy] = {
-    "heddle": ResolvedPolicy("pps", "presorted_dp", True, "adaptive"),
+    "heddle": ResolvedPolicy("pps", "presorted_dp", True, "adaptive", host_cache=True),
     "verl": ResolvedPolicy("rr", "verl", False, "fixed"),
     "verl_star": ResolvedPolicy("rr", "verl_star", False, "fixed"),
     "slime": ResolvedPolicy("rr", "slime", False, "fixed"),
