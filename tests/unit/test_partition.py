@@ -94,8 +94,9 @@ def _best_contiguous(lengths: list[float], weights: list[float], workers: list[W
         worst = 0.0
         for prof, a, b in zip(workers, edges, edges[1:], strict=False):
             if b > a:
-                size = np.array([sum(weights[i] for i in order[a:b])])
-                work = np.array([sum(weights[i] * lengths[i] for i in order[a:b])])
+                share = [max(weights[i], prof.min_weight) for i in order[a:b]]
+                size = np.array([sum(share)])
+                work = np.array([sum(w * lengths[i] for w, i in zip(share, order[a:b], strict=True))])
                 worst = max(worst, float(prof.group_time(np.array([lengths[order[a]]]), size, work)[0]))
         best = min(best, worst)
     return best
@@ -125,6 +126,37 @@ def test_weighted_optimum_equals_the_best_contiguous_partition(
     assert presorted_dp(lengths, workers, weights=[1.0] * len(lengths)).makespan == pytest.approx(
         presorted_dp(lengths, workers).makespan, rel=1e-12
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.lists(st.tuples(st.floats(1, 50_000), st.floats(0.05, 6)), min_size=1, max_size=7),
+    kinds=st.lists(
+        st.tuples(st.sampled_from([0.004, 0.01]), st.sampled_from([0.0, 0.5, 2.0]), st.floats(0.05, 2)),
+        min_size=1,
+        max_size=3,
+    ),
+    inc=increments_st,
+    sat=st.floats(1, 8),
+)
+def test_per_worker_weight_floors_and_work_rates_match_the_best_contiguous_partition(
+    data: list[tuple[float, float]], kinds: list[tuple[float, float, float]], inc: list[float], sat: float
+) -> None:
+    # Each worker weighs a trajectory at least its own batch slot (min_weight) and drains work at its own
+    # rate (work_s): the solvers still find the best contiguous partition over the sorted workers.
+    lengths = [a for a, _ in data]
+    weights = [b for _, b in data]
+    base = _profile(0.01, inc, sat)
+    workers = [
+        WorkerProfile(t, base.interference, sat, work_s=t * rate, min_weight=floor)
+        for t, floor, rate in kinds
+    ]
+    ordered = sorted(workers, key=lambda w: w.per_token_s)
+    want = _best_contiguous(lengths, weights, ordered)
+    for method in ("parametric", "dp"):
+        got = presorted_dp(lengths, workers, method=method, weights=weights)
+        assert got.makespan == pytest.approx(want, rel=1e-9)
+        assert max(got.group_times) == pytest.approx(got.makespan, rel=1e-12)
 
 
 @settings(max_examples=100, deadline=None)

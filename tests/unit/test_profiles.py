@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from loom.engine.perf import PerfModel
 from loom.policies.profiles import placement_profile, simulate_group
 
 
@@ -30,3 +32,19 @@ def test_more_tensor_parallelism_means_less_interference() -> None:
     tp8 = placement_profile("qwen3-14b", "h100", 8, **kw)  # type: ignore[arg-type]
     assert tp8.per_token_s < tp1.per_token_s
     assert tp8.interference[64] < tp1.interference[64]
+
+
+def test_priority_profile_drains_work_at_the_engines_full_batch_rate() -> None:
+    """Under progressive priority a saturated worker's group drains at the full-batch decode rate, the head
+    runs at the per-token time of the batch it shares, and a short trajectory still takes a batch slot."""
+    kw = {"context_len": 16384, "max_running": 256, "tool_s": 3.0, "max_group": 2000, "by_priority": True}
+    for tp in (1, 8):
+        p = placement_profile("qwen3-14b", "h100", tp, **kw)  # type: ignore[arg-type]
+        perf = PerfModel("h100", "qwen3-14b", tp)
+        batch = int(p.saturation)
+        assert batch == min(256, perf.kv_capacity_tokens() // 16384)
+        assert p.per_token_s * p.work_rate == pytest.approx(perf.per_token_time(batch, 16384) / batch)
+        assert p.interference[batch] == pytest.approx(perf.interference(batch, 16384), rel=1e-6)
+        # Past saturation the head's time grows with the group: the rest queue for its slots.
+        assert p.interference[2 * batch] == pytest.approx(2 * p.interference[batch], rel=0.02)
+        assert p.min_weight == pytest.approx(perf.kv_capacity_tokens() / 256 / 16384)

@@ -248,7 +248,8 @@ def run_rollout(
     def done(i: int, k: int, w: int, out: EngineOutput) -> None:
         finished_step(i, k, w, out)
         if gantt_workers and w < gantt_workers:
-            gantt.append((w, sim.now - out.queue_s - out.prefill_s - out.decode_s, sim.now, i))
+            # Clamped: the engine's time parts sum back to the submission up to rounding.
+            gantt.append((w, max(0.0, sim.now - out.queue_s - out.prefill_s - out.decode_s), sim.now, i))
         steps_done.append((sim.now, out.output_len))
         on_idle()
 

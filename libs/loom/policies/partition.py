@@ -37,11 +37,17 @@ class WorkerProfile:
 
     Sizes may be fractional (a group's size is the sum of its members' weights): F is linear between
     table points, at least F[1] for any non-empty group, and extends past the table with its last slope.
+
+    ``work_s``: seconds per weight-token once saturated, where known better than F(saturation) /
+    saturation * T. ``min_weight``: the least share of the worker one trajectory takes, however short its
+    context: a batch slot, when the batch limit binds before the KV cache does.
     """
 
     per_token_s: float
     interference: NDArray[np.float64]
     saturation: float = float("inf")
+    work_s: float | None = None
+    min_weight: float = 0.0
 
     def factor(self, sizes: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
         x = np.asarray(sizes, dtype=np.float64)
@@ -57,6 +63,8 @@ class WorkerProfile:
         """Seconds per weight-token once saturated, over T: F(saturation) / saturation (0 if never)."""
         if not np.isfinite(self.saturation):
             return 0.0
+        if self.work_s is not None:
+            return self.work_s / self.per_token_s
         return float(self.factor(np.array([self.saturation]))[0]) / self.saturation
 
     def group_time(
@@ -125,13 +133,21 @@ def presorted_dp(
     wsort = sorted(range(m), key=lambda w: workers[w].per_token_s)
     starts = _aggregate(len(lens), max_items)
     heads = sorted_lens[starts[:-1]]
-    cw = np.concatenate([[0.0], np.cumsum(wts[order])])[starts]
-    ck = np.concatenate([[0.0], np.cumsum(wts[order] * sorted_lens)])[starts]
     ordered = [workers[w] for w in wsort]
+    sums: dict[float, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
+    for prof in ordered:
+        if prof.min_weight not in sums:
+            floored = np.maximum(wts[order], prof.min_weight)
+            sums[prof.min_weight] = (
+                np.concatenate([[0.0], np.cumsum(floored)])[starts],
+                np.concatenate([[0.0], np.cumsum(floored * sorted_lens)])[starts],
+            )
+    cws = [sums[p.min_weight][0] for p in ordered]
+    cks = [sums[p.min_weight][1] for p in ordered]
     if method == "parametric":
-        cuts = _solve_parametric(heads, cw, ck, ordered)
+        cuts = _solve_parametric(heads, cws, cks, ordered)
     elif method == "dp":
-        cuts = _solve_dp(heads, cw, ck, ordered)
+        cuts = _solve_dp(heads, cws, cks, ordered)
     else:
         raise ValueError(f"unknown method {method!r}")
     bounds: list[tuple[int, int]] = [(0, 0)] * m
@@ -140,6 +156,7 @@ def presorted_dp(
         w = wsort[rank]
         bounds[w] = (int(starts[a]), int(starts[b]))
         if b > a:
+            cw, ck = cws[rank], cks[rank]
             times[w] = _time(workers[w], heads[a], cw[b] - cw[a], ck[b] - ck[a])
     return Partition(
         order=order,
@@ -165,21 +182,26 @@ def _time(prof: WorkerProfile, head: float, size: float, work: float) -> float:
 
 def _solve_dp(
     heads: NDArray[np.float64],
-    cw: NDArray[np.float64],
-    ck: NDArray[np.float64],
+    cws: Sequence[NDArray[np.float64]],
+    cks: Sequence[NDArray[np.float64]],
     workers: Sequence[WorkerProfile],
 ) -> list[tuple[int, int]]:
-    """Formula 3 over items (``heads`` = each item's longest length, ``cw`` and ``ck`` = cumulative weight
-    and work)."""
+    """Formula 3 over items (``heads`` = each item's longest length; ``cws`` and ``cks`` = per worker, the
+    cumulative weight and work, the weights floored at its ``min_weight``)."""
     n = len(heads)
     idx = np.arange(n + 1)
     head_at = np.concatenate([heads, [0.0]])  # head_at[n] is never a group's first item
     prev = np.full(n + 1, np.inf)
     prev[0] = 0.0
     choices = []
-    for prof in workers:
+    for prof, cw, ck in zip(workers, cws, cks, strict=True):
 
-        def cost(k: NDArray[np.int64], prof: WorkerProfile = prof) -> NDArray[np.float64]:
+        def cost(
+            k: NDArray[np.int64],
+            prof: WorkerProfile = prof,
+            cw: NDArray[np.float64] = cw,
+            ck: NDArray[np.float64] = ck,
+        ) -> NDArray[np.float64]:
             t = prof.group_time(head_at[k], cw[idx] - cw[k], ck[idx] - ck[k])
             return np.where(idx > k, t, 0.0)
 
@@ -248,14 +270,14 @@ PROBES = 256
 
 def _solve_parametric(
     heads: NDArray[np.float64],
-    cw: NDArray[np.float64],
-    ck: NDArray[np.float64],
+    cws: Sequence[NDArray[np.float64]],
+    cks: Sequence[NDArray[np.float64]],
     workers: Sequence[WorkerProfile],
 ) -> list[tuple[int, int]]:
     n, m = len(heads), len(workers)
     if n == 0:
         return [(0, 0)] * m
-    tables = _tables(workers, float(cw[-1]))
+    tables = _tables(workers, max(float(cw[-1]) for cw in cws))
     speeds = [p.per_token_s for p in workers]
     rates = [p.work_rate for p in workers]
     sat_f = [
@@ -264,13 +286,14 @@ def _solve_parametric(
     # Zero-length trajectories fit anywhere; a tiny head keeps every division finite. Past the end, a
     # worker with nothing left takes "everything" (nothing).
     head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
-    slack = 1e-9 * max(1.0, float(cw[-1]))  # cumulative weights carry rounding
+    slack = 1e-9 * max(1.0, *(float(cw[-1]) for cw in cws))  # cumulative weights carry rounding
 
     def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
         """Greedy fill for every target at once: the group starts, (m+1, K); all fit where the last is n."""
         starts = np.zeros((m + 1, len(targets)), dtype=np.int64)
         start = starts[0]
         for j in range(m):
+            cw, ck = cws[j], cks[j]
             y = targets / (head[start] * speeds[j])
             # The head term binds only below saturation; past it, the work term does.
             room = np.where(y >= sat_f[j], np.inf, _capacity(tables[j], y))
@@ -287,6 +310,7 @@ def _solve_parametric(
         worst = 0.0
         for j, (a, b) in enumerate(itertools.pairwise(cuts.tolist())):
             if b > a:
+                cw, ck = cws[j], cks[j]
                 worst = max(worst, _time(workers[j], heads[a], cw[b] - cw[a], ck[b] - ck[a]))
         return float(worst)
 
