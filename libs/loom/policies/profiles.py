@@ -193,7 +193,9 @@ def _priority_profile(
     Not the group simulation: a simulated group of a few short steps spends a share on prefilling its
     reference context that real trajectories, tens of steps long on a cached prefix, do not. At 64 GPUs
     on the coding traces it overstated the saturated rate 1.4-1.8x, more at higher degrees, and steered
-    allocation to the low ones; this profile predicts fixed MP 4 within 2% of the simulated rollout.
+    allocation to the low ones. This one predicts fixed MP 4 at 1620 s against 1760 s simulated (the
+    group simulation's profile said 2620 s). It leaves out that a trajectory in a tool call does not share
+    the batch, which makes it pessimistic for unsaturated workers.
     """
     sat = saturation(model, gpu, tp, bucket, max_running)
     perf = PerfModel(gpu, model, tp)
