@@ -84,9 +84,15 @@ def test_heterogeneous_solvers_agree_and_bound_the_brute_force(
     assert speed_of[longest] == min(speed_of.values())
 
 
-def _best_contiguous(lengths: list[float], weights: list[float], workers: list[WorkerProfile]) -> float:
+def _best_contiguous(
+    lengths: list[float],
+    weights: list[float],
+    workers: list[WorkerProfile],
+    prefill: list[float] | None = None,
+) -> float:
     """Min over every way to cut the length-sorted trajectories into len(workers) runs (empty allowed)."""
     n = len(lengths)
+    pre = prefill or [0.0] * n
     order = sorted(range(n), key=lambda i: -lengths[i])
     best = float("inf")
     for cuts in itertools.combinations_with_replacement(range(n + 1), len(workers) - 1):
@@ -96,7 +102,10 @@ def _best_contiguous(lengths: list[float], weights: list[float], workers: list[W
             if b > a:
                 share = [max(weights[i], prof.min_weight) for i in order[a:b]]
                 size = np.array([sum(share)])
-                work = np.array([sum(w * lengths[i] for w, i in zip(share, order[a:b], strict=True))])
+                # Prefill tokens in the worker's weight-tokens: its prefill time over its work rate.
+                per = prof.prefill_s / (prof.per_token_s * prof.work_rate) if prof.work_rate else 0.0
+                decode = sum(w * lengths[i] for w, i in zip(share, order[a:b], strict=True))
+                work = np.array([decode + per * sum(pre[i] for i in order[a:b])])
                 worst = max(worst, float(prof.group_time(np.array([lengths[order[a]]]), size, work)[0]))
         best = min(best, worst)
     return best
@@ -130,31 +139,43 @@ def test_weighted_optimum_equals_the_best_contiguous_partition(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    data=st.lists(st.tuples(st.floats(1, 50_000), st.floats(0.05, 6)), min_size=1, max_size=7),
+    data=st.lists(
+        st.tuples(st.floats(1, 50_000), st.floats(0.05, 6), st.floats(0, 100_000)), min_size=1, max_size=7
+    ),
     kinds=st.lists(
-        st.tuples(st.sampled_from([0.004, 0.01]), st.sampled_from([0.0, 0.5, 2.0]), st.floats(0.05, 2)),
+        st.tuples(
+            st.sampled_from([0.004, 0.01]),
+            st.sampled_from([0.0, 0.5, 2.0]),
+            st.floats(0.05, 2),
+            st.sampled_from([0.0, 1e-5, 1e-3]),
+        ),
         min_size=1,
         max_size=3,
     ),
     inc=increments_st,
     sat=st.floats(1, 8),
 )
-def test_per_worker_weight_floors_and_work_rates_match_the_best_contiguous_partition(
-    data: list[tuple[float, float]], kinds: list[tuple[float, float, float]], inc: list[float], sat: float
+def test_per_worker_floors_work_and_prefill_rates_match_the_best_contiguous_partition(
+    data: list[tuple[float, float, float]],
+    kinds: list[tuple[float, float, float, float]],
+    inc: list[float],
+    sat: float,
 ) -> None:
-    # Each worker weighs a trajectory at least its own batch slot (min_weight) and drains work at its own
-    # rate (work_s): the solvers still find the best contiguous partition over the sorted workers.
-    lengths = [a for a, _ in data]
-    weights = [b for _, b in data]
+    # Each worker weighs a trajectory at least its own batch slot (min_weight), drains work at its own
+    # rate (work_s) and charges prefill at its own (prefill_s): the solvers still find the best
+    # contiguous partition over the sorted workers.
+    lengths = [a for a, _, _ in data]
+    weights = [b for _, b, _ in data]
+    prefill = [c for _, _, c in data]
     base = _profile(0.01, inc, sat)
     workers = [
-        WorkerProfile(t, base.interference, sat, work_s=t * rate, min_weight=floor)
-        for t, floor, rate in kinds
+        WorkerProfile(t, base.interference, sat, work_s=t * rate, min_weight=floor, prefill_s=pre)
+        for t, floor, rate, pre in kinds
     ]
     ordered = sorted(workers, key=lambda w: w.per_token_s)
-    want = _best_contiguous(lengths, weights, ordered)
+    want = _best_contiguous(lengths, weights, ordered, prefill)
     for method in ("parametric", "dp"):
-        got = presorted_dp(lengths, workers, method=method, weights=weights)
+        got = presorted_dp(lengths, workers, method=method, weights=weights, prefill=prefill)
         assert got.makespan == pytest.approx(want, rel=1e-9)
         assert max(got.group_times) == pytest.approx(got.makespan, rel=1e-12)
 

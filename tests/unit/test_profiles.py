@@ -48,3 +48,5 @@ def test_priority_profile_drains_work_at_the_engines_full_batch_rate() -> None:
         # Past saturation the head's time grows with the group: the rest queue for its slots.
         assert p.interference[2 * batch] == pytest.approx(2 * p.interference[batch], rel=0.02)
         assert p.min_weight == pytest.approx(perf.kv_capacity_tokens() / 256 / 16384)
+        # A prefill chunk riding a full decode batch costs at most what it costs alone.
+        assert 0 < p.prefill_s <= perf.iteration_time(8192, 0, 0) / 8192

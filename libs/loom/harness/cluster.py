@@ -58,13 +58,14 @@ def allocate(
     predicted: Sequence[float],
     seed: int = 0,
     weights: Sequence[float] | None = None,
+    prefill: Sequence[float] | None = None,
 ) -> list[int]:
     """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6)."""
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
         profiles = {d: cluster.profile(d, top, policy) for d in fits}
-        problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights)
+        problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights, prefill=prefill)
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
     if cluster.gpus % mp:

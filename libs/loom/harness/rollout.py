@@ -62,6 +62,19 @@ class _Predictor:
                 return sum(seen) / len(seen)
         return float(t.steps[0].input_len) if t.steps else 1.0
 
+    def prefill(self, t: WorkTraj) -> float:
+        """Input tokens the trajectory will prefill: all of them known to the oracle (prompt and every
+        observation); otherwise only its prompt, the part known before it runs."""
+        if not t.steps:
+            return 0.0
+        if self.kind != "oracle":
+            return float(t.steps[0].input_len)
+        new, context = 0, 0
+        for s in t.steps:
+            new += max(0, s.input_len - context)
+            context = s.input_len + s.output_len
+        return float(new)
+
     def finished(self, t: WorkTraj) -> None:
         self.history_context.setdefault(t.prompt, []).append(mean_context(t))
         self.history.observe(t.prompt, t.output_tokens)
@@ -162,7 +175,8 @@ def run_rollout(
     initial = [pred.total(t, 0) for t in trajs]
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     cluster = dataclasses.replace(cluster, context_len=ref)
-    degrees = allocate(policy, cluster, initial, seed, weights)
+    prefill = [pred.prefill(t) for t in trajs]
+    degrees = allocate(policy, cluster, initial, seed, weights, prefill)
     preemptive = policy.order in ("pps", "autellix")
     sim = VirtualSim()
     engines = [
@@ -189,7 +203,12 @@ def run_rollout(
         order = sorted(range(n), key=lambda i: (trajs[i].sample, i))
         top = int(np.ceil(sum(weights))) + 1
         profiles = [cluster.profile(d, top, policy) for d in degrees]
-        part = presorted_dp([initial[i] for i in order], profiles, weights=[weights[i] for i in order])
+        part = presorted_dp(
+            [initial[i] for i in order],
+            profiles,
+            weights=[weights[i] for i in order],
+            prefill=[prefill[i] for i in order],
+        )
         assignment = part.assignment()
         for rank, i in enumerate(order):
             where[i] = int(assignment[rank])

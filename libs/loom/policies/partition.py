@@ -40,7 +40,8 @@ class WorkerProfile:
 
     ``work_s``: seconds per weight-token once saturated, where known better than F(saturation) /
     saturation * T. ``min_weight``: the least share of the worker one trajectory takes, however short its
-    context: a batch slot, when the batch limit binds before the KV cache does.
+    context: a batch slot, when the batch limit binds before the KV cache does. ``prefill_s``: seconds per
+    prefilled token once saturated, what a trajectory's new input tokens add to its group's work.
     """
 
     per_token_s: float
@@ -48,6 +49,7 @@ class WorkerProfile:
     saturation: float = float("inf")
     work_s: float | None = None
     min_weight: float = 0.0
+    prefill_s: float = 0.0
 
     def factor(self, sizes: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
         x = np.asarray(sizes, dtype=np.float64)
@@ -106,12 +108,15 @@ def presorted_dp(
     max_items: int | None = None,
     method: str = "parametric",
     weights: Sequence[float] | NDArray[np.float64] | None = None,
+    prefill: Sequence[float] | NDArray[np.float64] | None = None,
 ) -> Partition:
     """Optimal contiguous partition of trajectories sorted by length onto workers sorted by speed.
 
     ``weights`` measure each trajectory's share of a worker (default 1): a group's size for F is the sum
     of its weights. The harness weighs a trajectory by its mean context over the profile's reference
     context, so one that holds four times the KV cache counts as four (see ``loom.policies.profiles``).
+    ``prefill``: each trajectory's input tokens to prefill (prompt and observations), which saturated
+    workers charge at their ``prefill_s`` on top of the decode work.
 
     ``max_items`` aggregates the shortest trajectories into equal-count chunks when there are more than
     that many (Heddle's aggregation of short trajectories below a threshold): boundaries among the short
@@ -128,22 +133,31 @@ def presorted_dp(
         raise ValueError(f"{len(wts)} weights for {len(lens)} trajectories")
     if np.any(wts <= 0) or not np.all(np.isfinite(wts)):
         raise ValueError("weights must be finite and positive")
+    pre = np.zeros(len(lens)) if prefill is None else np.asarray(prefill, dtype=np.float64)
+    if pre.shape != lens.shape or np.any(pre < 0) or not np.all(np.isfinite(pre)):
+        raise ValueError(f"prefill needs {len(lens)} finite non-negative token counts")
     order = np.argsort(-lens, kind="stable")
     sorted_lens = lens[order]
     wsort = sorted(range(m), key=lambda w: workers[w].per_token_s)
     starts = _aggregate(len(lens), max_items)
     heads = sorted_lens[starts[:-1]]
     ordered = [workers[w] for w in wsort]
-    sums: dict[float, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
+    # Per worker kind: cumulative weights floored at its slot, and work in its weight-tokens, prefill
+    # converted at its rates.
+    sums: dict[tuple[float, float], tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
+    keys = []
     for prof in ordered:
-        if prof.min_weight not in sums:
-            floored = np.maximum(wts[order], prof.min_weight)
-            sums[prof.min_weight] = (
+        rate = prof.per_token_s * prof.work_rate
+        key = (prof.min_weight, prof.prefill_s / rate if rate > 0 else 0.0)
+        keys.append(key)
+        if key not in sums:
+            floored = np.maximum(wts[order], key[0])
+            sums[key] = (
                 np.concatenate([[0.0], np.cumsum(floored)])[starts],
-                np.concatenate([[0.0], np.cumsum(floored * sorted_lens)])[starts],
+                np.concatenate([[0.0], np.cumsum(floored * sorted_lens + key[1] * pre[order])])[starts],
             )
-    cws = [sums[p.min_weight][0] for p in ordered]
-    cks = [sums[p.min_weight][1] for p in ordered]
+    cws = [sums[k][0] for k in keys]
+    cks = [sums[k][1] for k in keys]
     if method == "parametric":
         cuts = _solve_parametric(heads, cws, cks, ordered)
     elif method == "dp":

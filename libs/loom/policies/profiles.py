@@ -36,6 +36,7 @@ from loom.policies.partition import WorkerProfile
 STEP_TOKENS = 300
 OBSERVATION_TOKENS = 200
 STEPS = 4  # steps per simulated trajectory: enough to reach a steady mix of prefills, decodes and tools
+PREFILL_CHUNK = 8192  # SGLang's --chunked-prefill-size default
 GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -208,4 +209,7 @@ def _priority_profile(
     # A trajectory holds one batch slot however short its context: where the batch limit binds first, the
     # shortest weigh a slot's share of the KV cache, not their own context's.
     slot = perf.kv_capacity_tokens() / max_running / bucket
-    return WorkerProfile(base_s, f, sat, work_s=work_s, min_weight=slot)
+    # A prefill chunk rides along a full decode batch: what it adds to that iteration, per token.
+    full = perf.iteration_time(0, batch, batch * bucket)
+    prefill_s = (perf.iteration_time(PREFILL_CHUNK, batch, batch * bucket) - full) / PREFILL_CHUNK
+    return WorkerProfile(base_s, f, sat, work_s=work_s, min_weight=slot, prefill_s=prefill_s)

@@ -40,6 +40,7 @@ class ResourceProblem:
         profiles: Mapping[int, WorkerProfile],
         max_items: int | None = 512,
         weights: Sequence[float] | NDArray[np.float64] | None = None,
+        prefill: Sequence[float] | NDArray[np.float64] | None = None,
     ) -> None:
         if gpus < 1:
             raise ValueError("need at least one GPU")
@@ -47,6 +48,7 @@ class ResourceProblem:
             raise ValueError("no model-parallel degrees allowed")
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+        self.prefill = None if prefill is None else np.asarray(prefill, dtype=np.float64)
         self.gpus = gpus
         self.profiles = dict(profiles)
         self.degrees = sorted(self.profiles)
@@ -60,7 +62,7 @@ class ResourceProblem:
         if p is None:
             workers = [self.profiles[d] for d in state]
             p = self._cache[state] = presorted_dp(
-                self.lengths, workers, max_items=self.max_items, weights=self.weights
+                self.lengths, workers, max_items=self.max_items, weights=self.weights, prefill=self.prefill
             )
         return p
 
