@@ -5,9 +5,8 @@ F(g) is how much slower the group's last trajectory finishes its generation when
 worker (the group's time in Formula 3 is L(head) * T * F): g trajectories, each alternating generation
 steps and tool calls, run on the calibrated simulated engine in virtual time, and F(g) = the slowest one's
 generation time (queueing included, tools excluded) per token / the base per-token time T at batch 1. A
-slowest-member measure, not a mean, because under priority scheduling the group's tail waits for its head
-and the mean hides it. The simulation captures
-what a closed form would have to guess: the decode batch is only the trajectories not in a tool call, the
+slowest-member measure, not a mean: the group ends with its last member, whom the mean hides. The
+simulation captures what a closed form would have to guess: the decode batch is only the trajectories not in a tool call, the
 engine's batch limit and KV capacity make the rest queue, and prefills of returning steps interleave.
 Sizes are simulated on a geometric grid and interpolated; results are cached per engine kind.
 
@@ -50,14 +49,11 @@ def simulate_group(
     tool_s: float,
     max_running: int,
     seed: int = 0,
-    by_priority: bool = False,
     hicache_ratio: float = 0.0,
 ) -> float:
     """Generation time per token (simulated seconds) of the slowest of ``size`` trajectories sharing one
-    engine.
+    engine under SGLang's default order (progressive priority has its closed form, ``_priority_profile``).
 
-    ``by_priority``: the engine runs Heddle's progressive priority (distinct priorities, preemption, caches
-    evicted lowest priority first), as the workers of a job with that order do; else SGLang's defaults.
     ``hicache_ratio``: the engine's host KV tier, that many times its device pool (0: none).
     """
     sim = VirtualSim()
@@ -66,8 +62,7 @@ def simulate_group(
         gpu,
         tp,
         max_running=max_running,
-        preempt_threshold=10.0 if by_priority else None,
-        evict_by_priority=by_priority,
+        preempt_threshold=None,
         hicache_ratio=hicache_ratio,
     )
     engine = sim.add_engine(core)
@@ -86,10 +81,7 @@ def simulate_group(
             else:
                 sim.end_prefix(engine, f"g{i}")
 
-        prio = float(size - i) * 100.0 if by_priority else 0.0
-        req = EngineRequest(
-            f"g{i}.{k}", context, STEP_TOKENS, prefix_key=f"g{i}", ignore_eos=True, priority=prio
-        )
+        req = EngineRequest(f"g{i}.{k}", context, STEP_TOKENS, prefix_key=f"g{i}", ignore_eos=True)
         sim.submit(engine, req, done)
 
     def start(i: int) -> Callable[[], None]:
@@ -117,7 +109,6 @@ def _grid_factors(
     tool_ms: int,
     max_running: int,
     top: int,
-    by_priority: bool,
     hicache_ratio: float,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     # Past saturation F grows in proportion to the group: simulating up to twice that covers the bend, and
@@ -136,7 +127,6 @@ def _grid_factors(
             context_len=context_len,
             tool_s=tool_s,
             max_running=max_running,
-            by_priority=by_priority,
             hicache_ratio=hicache_ratio,
         )
         for g in sizes
@@ -171,7 +161,6 @@ def placement_profile(
         round(tool_s * 1000),
         max_running,
         top,
-        by_priority,
         hicache_ratio,
     )
     f = np.interp(g, sizes, factors)
@@ -205,11 +194,11 @@ def _priority_profile(
     f = np.maximum.accumulate(np.maximum(shared, 1.0)) * np.maximum(1.0, g / sat)
     f[0] = 0.0
     batch = max(1, int(sat))
-    work_s = perf.per_token_time(batch, bucket) / batch
+    full = perf.per_token_time(batch, bucket)  # one iteration of the full batch
+    work_s = full / batch
     # A trajectory holds one batch slot however short its context: where the batch limit binds first, the
     # shortest weigh a slot's share of the KV cache, not their own context's.
     slot = perf.kv_capacity_tokens() / max_running / bucket
     # A prefill chunk rides along a full decode batch: what it adds to that iteration, per token.
-    full = perf.iteration_time(0, batch, batch * bucket)
     prefill_s = (perf.iteration_time(PREFILL_CHUNK, batch, batch * bucket) - full) / PREFILL_CHUNK
     return WorkerProfile(base_s, f, sat, work_s=work_s, min_weight=slot, prefill_s=prefill_s)
