@@ -60,6 +60,7 @@ def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
     assert set(out["throughput_ratio"]) == {"verl", "verl_star", "slime"}
     for r in out["policies"].values():
         assert r["makespan_over_lb"] >= 1.0 and r["output_tokens"] == out["output_tokens"]
+        assert r["lower_bound_s"] == max(r["lower_bound_terms"].values())
         assert len(r["utilisation"]["of_peak"]) == 20 and max(r["utilisation"]["of_peak"]) == 1.0
     for key in (
         "throughput_tok_s",

@@ -177,6 +177,10 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         f"x best baseline {tg['vs_best_baseline']} (want >= {tg['want']['vs_best_baseline']}), "
         f"makespan/LB {tg['makespan_over_lb']} (want <= {tg['want']['makespan_over_lb']}).",
         "",
+        "LB is the larger of the longest trajectory's critical path (batch 1, best degree, no queueing) and all "
+        "the work (decodes reading their context, observations prefilled) in as few iterations as the batch "
+        "limit and KV cache allow on the best degree; `loom.harness.bounds` says why no schedule beats it.",
+        "",
         "Formula 1 for the trajectory that finished last under Loom (queueing, base per-token time x tokens, "
         f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}.",
         "",

@@ -207,9 +207,9 @@ class PerfModel:
 
     def iteration_time(
         self,
-        prefill_tokens: int,
-        decode_seqs: int,
-        decode_kv_tokens: int,
+        prefill_tokens: float,
+        decode_seqs: float,
+        decode_kv_tokens: float,
         prefill_attended: float | None = None,
     ) -> float:
         """Seconds for one iteration that prefills ``prefill_tokens`` and decodes one token for each of

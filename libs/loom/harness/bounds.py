@@ -1,12 +1,18 @@
 """A lower bound on a rollout's makespan (issue 5): no schedule beats either term.
 
 - The longest trajectory's critical path: every call at batch 1 on the fastest worker the cluster could
-  have, its prefill of new context included, plus its environment time; no queueing, no interference.
-- All the work at the cluster's peak rate: every worker of the best degree decoding its largest batch
-  (its batch limit, or as many typical contexts as its KV cache holds).
+  have, its prefill of new context included, plus its environment time between calls; no queueing, no interference.
+- All the work at the cluster's best rate per GPU: every decoded token reading its context, and every
+  observation prefilled over the context before it, in as few iterations as the batch limit and the KV
+  cache allow, on the best degree. An iteration's time is convex in what it holds (the roofline's max plus
+  an exposed share of the sum), so by Jensen no spread of the same work over as many or more iterations is
+  faster than the even one. Prompts are left out: a group shares its prompt through the prefix cache, and
+  prompts may share a system prompt, so only observations are certainly new to the engine.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from loom.engine.perf import PerfModel
 from loom.harness.cluster import Cluster
@@ -24,23 +30,54 @@ def critical_path(workload: Workload, cluster: Cluster) -> float:
                 new = max(0, s.input_len - context)
                 if new:
                     time += perf.iteration_time(new, 0, 0)
-                time += s.output_len * perf.per_token_time(1, s.input_len + s.output_len // 2)
+                # The prefill samples token 0; decoding token j reads the input and the j tokens before it.
+                time += perf.decode_span(1, s.input_len + 1, s.output_len - 1)
                 context = s.input_len + s.output_len
             fastest = min(fastest, time)
-        best = max(best, fastest + sum(s.env_s for s in t.steps))
+        # The trajectory ends with its last call: what its environment does after that is scoring.
+        best = max(best, fastest + sum(s.env_s for s in t.steps[:-1]))
     return best
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a workload asks of the engines, whatever the schedule."""
+
+    decodes: int  # decode iterations' sequences: every output token but the one each prefill samples
+    decode_kv: float  # context tokens those decodes read, summed
+    prefill: int  # observation tokens, each prefilled once
+    attended: float  # (query, key) pairs of those prefills over the context before them
+
+
+def work(workload: Workload) -> Work:
+    decodes, decode_kv, prefill, attended = 0, 0.0, 0, 0.0
+    for t in workload.trajectories:
+        context = 0
+        for k, s in enumerate(t.steps):
+            if k:
+                new = max(0, s.input_len - context)
+                prefill += new
+                attended += new * (s.input_len - new) + new * (new + 1) / 2
+            n = max(0, s.output_len - 1)
+            decodes += n
+            decode_kv += n * s.input_len + n * (n + 1) / 2
+            context = s.input_len + s.output_len
+    return Work(decodes, decode_kv, prefill, attended)
+
+
 def throughput_bound(workload: Workload, cluster: Cluster) -> float:
-    tokens = sum(t.output_tokens for t in workload.trajectories)
-    weighted = sum(s.output_len * s.input_len for t in workload.trajectories for s in t.steps)
-    context = max(1, int(weighted / max(tokens, 1)))
-    peak = 0.0
+    w = work(workload)
+    if not w.decodes and not w.prefill:
+        return 0.0
+    best = float("inf")
     for d in cluster.degrees_that_fit():
         perf = PerfModel(cluster.gpu, cluster.model, d)
-        batch = max(1, min(cluster.max_running, perf.kv_capacity_tokens() // context))
-        peak = max(peak, (cluster.gpus // d) * batch / perf.per_token_time(batch, context))
-    return tokens / peak
+        iters = max(1.0, w.decodes / cluster.max_running, w.decode_kv / perf.kv_capacity_tokens())
+        step = perf.iteration_time(
+            w.prefill / iters, w.decodes / iters, w.decode_kv / iters, w.attended / iters
+        )
+        best = min(best, d * iters * step / cluster.gpus)
+    return best
 
 
 def lower_bound(workload: Workload, cluster: Cluster) -> float:

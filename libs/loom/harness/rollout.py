@@ -22,7 +22,7 @@ from loom.engine.interference import context_bucket
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO, build_core
 from loom.engine.virtual import VirtualSim
-from loom.harness.bounds import lower_bound
+from loom.harness.bounds import critical_path, throughput_bound
 from loom.harness.cluster import Cluster, allocate
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
@@ -114,6 +114,7 @@ class RolloutResult:
     finish_s: list[float] = field(repr=False, default_factory=list)
     queueing_s: list[float] = field(repr=False, default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
+    bound_terms: dict[str, float] = field(default_factory=dict)
     cache_hit: float = 0.0
     gantt: list[tuple[int, float, float, int]] = field(repr=False, default_factory=list)
     steps_done: list[tuple[float, int]] = field(repr=False, default_factory=list)
@@ -139,6 +140,7 @@ class RolloutResult:
             "throughput_tok_s": round(self.throughput_tok_s, 1),
             "lower_bound_s": round(self.lower_bound_s, 1),
             "makespan_over_lb": round(self.makespan_over_lb, 3),
+            "lower_bound_terms": self.bound_terms,
             "longest_traj_queueing_s": round(self.longest_traj_queueing_s, 1),
             "output_tokens": self.output_tokens,
             "workers": len(self.degrees),
@@ -328,7 +330,11 @@ def run_rollout(
     last = int(np.argmax(finish)) if trajs else 0
     inputs = sum(st.input_len for t in trajs for st in t.steps)
     tokens = sum(generated)
-    lb = lower_bound(workload, cluster)
+    bound_terms = {
+        "critical_path_s": critical_path(workload, cluster),
+        "throughput_s": throughput_bound(workload, cluster),
+    }
+    lb = max(bound_terms.values())
     longest = int(np.argmax([t.output_tokens for t in trajs])) if trajs else 0
     return RolloutResult(
         makespan_s=makespan,
@@ -347,6 +353,7 @@ def run_rollout(
         )
         if trajs
         else {},
+        bound_terms={k: round(v, 1) for k, v in bound_terms.items()},
         cache_hit=cached / inputs if inputs else 0.0,
         gantt=gantt,
         steps_done=steps_done,
@@ -365,5 +372,5 @@ def _formula1(
         "queueing_s": round(queue_s, 1),
         "base_s": round(base, 1),
         "interference_s": round(max(0.0, engine_s - base), 1),
-        "tool_s": round(sum(st.env_s for st in t.steps), 1),
+        "tool_s": round(sum(st.env_s for st in t.steps[:-1]), 1),
     }
