@@ -132,9 +132,11 @@ class PrefixCache:
         seen = []
         while found < tokens and self._order and self._order[0][0] <= priority:
             item = heapq.heappop(self._order)
-            seen.append(item)
             entry = self._entries.get(item[2])
-            if entry is not None and entry.stamp == item[1] and item[2] != spare:
+            if entry is None or entry.stamp != item[1] or entry.length == entry.pin:
+                continue  # stale, as ``evict`` would find it: dropped for good
+            seen.append(item)
+            if item[2] != spare:
                 found += entry.length - entry.pin
         for item in seen:
             heapq.heappush(self._order, item)

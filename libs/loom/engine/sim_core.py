@@ -146,7 +146,8 @@ class SimCore:
         self._queue: list[tuple[float, int, str]] = []  # (-priority, seq, rid)
         self._waiting = 0
         self._running: dict[str, _Seq] = {}
-        self._lowest: _Seq | None = None  # cache of _lowest_running; None when the running set changed
+        # (priority, -seq, rid) of every admission, popped lazily once its sequence has left the batch.
+        self._ranked: list[tuple[float, int, str]] = []
         self._prefilling: dict[str, _Seq] = {}  # admission order: the chunked prefill goes first
         self._decoding: dict[str, _Seq] = {}
         self._finishes: list[tuple[int, int, str]] = []  # (finish_step, seq, rid) of decoding sequences
@@ -372,9 +373,12 @@ class SimCore:
 
     def _lowest_running(self) -> _Seq:
         """Who is evicted first, for memory or for priority: the lowest priority, the newest on ties (SGLang)."""
-        if self._lowest is None:
-            self._lowest = min(self._running.values(), key=lambda s: (s.req.priority, -s.seq))
-        return self._lowest
+        while True:
+            _, neg_seq, rid = self._ranked[0]
+            s = self._running.get(rid)
+            if s is not None and s.seq == -neg_seq:
+                return s
+            heapq.heappop(self._ranked)
 
     def _preemption_victim(self, budget: int) -> _Seq | None:
         """The running request the blocked queue head evicts: the lowest priority, newest on ties."""
@@ -400,10 +404,21 @@ class SimCore:
 
     def _iters_within(self, chunk: _Chunk, seconds: float) -> int:
         """The most iterations of ``chunk`` that fit in ``seconds``."""
-        lo, hi = 0, chunk.iters
+        span = self.perf.decode_span
+        d, kv = chunk.decoders, chunk.decode_kv
+        # Iterations only slow down as the contexts grow, so the first and the last one's time bracket
+        # the answer; the bisection then runs over a few candidates, not over the whole chunk.
+        first = span(d, kv, 1)
+        hi = min(chunk.iters, int(seconds // first)) if first > 0 else chunk.iters
+        if hi <= 0:
+            return 0
+        last = span(d, kv + d * (hi - 1), 1)
+        lo = min(hi, int(seconds // last)) if last > 0 else hi
+        if lo and span(d, kv, lo) > seconds:  # rounding at the boundary
+            lo = 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.perf.decode_span(chunk.decoders, chunk.decode_kv, mid) <= seconds:
+            if span(d, kv, mid) <= seconds:
                 lo = mid
             else:
                 hi = mid - 1
@@ -461,7 +476,10 @@ class SimCore:
         self._private += uncached
         self._remaining += s.req.max_new_tokens - s.generated
         self._running[s.req.rid] = s
-        self._lowest = None
+        heapq.heappush(self._ranked, (s.req.priority, -s.seq, s.req.rid))
+        if len(self._ranked) > 4 * len(self._running) + 64:
+            self._ranked = [(x.req.priority, -x.seq, r) for r, x in self._running.items()]
+            heapq.heapify(self._ranked)
         if uncached:
             s.state = _PREFILL
             s.prefill_left = uncached
@@ -492,7 +510,6 @@ class SimCore:
             del self._prefilling[rid]
             s.prefill_s += now - s.mark
         del self._running[rid]
-        self._lowest = None
         self._private -= s.context - s.cached
         self._remaining -= s.req.max_new_tokens - s.generated
         if s.req.prefix_key is not None:

@@ -3,6 +3,7 @@ time that follows them."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ class WorkTraj:
     steps: tuple[WorkStep, ...]
     reward: float | None = None
 
-    @property
+    @functools.cached_property
     def output_tokens(self) -> int:
         return sum(s.output_len for s in self.steps)
 
