@@ -4,6 +4,11 @@
 pooled: the mean embedding of every ``pool`` consecutive tokens is one position for the transformer, so a
 2,048-token window costs 64 positions and a batch of 32 answers within the service's latency budget. A local
 checkpoint (Qwen3-0.6B, say) is fine-tuned instead with ``pool = 1``, reading every token as it was trained to.
+
+Beside the transformer's summary and the step features, the head reads a prior: a ridge regression of the
+total length on the context's hashed bag of tokens (Heddle's "static prompt analysis", fused with the runtime
+context). On the SWE traces, one run per task, a from-scratch transformer memorises the few hundred training
+tasks and predicts nothing at steps 0 to 2, where such a ridge carries most of what the text says.
 """
 
 from __future__ import annotations
@@ -33,10 +38,17 @@ TINY = {
 }
 
 
+# Buckets of the hashed bag of tokens behind the prior (0: no prior).
+BAG_BUCKETS = 16_384
+# Steps 0, 1, 2 and 3 on: each has its own gate on the transformer's summary.
+GATE_STEPS = 4
+
+
 @dataclass
 class RegressorConfig:
     base: str = "tiny"
     pool: int = 32
+    bag_buckets: int = BAG_BUCKETS
     backbone: dict[str, Any] = field(default_factory=lambda: dict(TINY))
     # log1p(remaining) over the training set: the head predicts in standard units.
     target_mean: float = 8.0
@@ -49,7 +61,9 @@ class RegressorConfig:
 
     @classmethod
     def load(cls, path: Path) -> RegressorConfig:
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        data.setdefault("bag_buckets", 0)  # written before the prior existed
+        return cls(**data)
 
 
 # Eager attention exports to ONNX as plain MatMul/Softmax.
@@ -59,6 +73,9 @@ EAGER: dict[str, Any] = {"attn_implementation": "eager"}
 class LengthRegressor(nn.Module):
     mean: torch.Tensor
     std: torch.Tensor
+    bag_beta: torch.Tensor
+    bag_mean: torch.Tensor
+    text_gate: torch.Tensor
 
     def __init__(self, cfg: RegressorConfig, backbone: Qwen3Model | None = None) -> None:
         super().__init__()
@@ -71,17 +88,40 @@ class LengthRegressor(nn.Module):
         # A few hundred prompts are easy to memorise. In training the text's summary is dropped whole for
         # a share of the examples, so the step features must predict on their own and the text can only add.
         self.text_dropout = 0.5
-        self.head = nn.Sequential(nn.Linear(2 * d + context.N_FEATURES, d), nn.GELU(), nn.Linear(d, 1))
+        extra = context.N_FEATURES + (1 if cfg.bag_buckets else 0)
+        self.head = nn.Sequential(nn.Linear(2 * d + extra, d), nn.GELU(), nn.Linear(d, 1))
         self.register_buffer("mean", torch.tensor(cfg.target_mean))
         self.register_buffer("std", torch.tensor(cfg.target_std))
+        # The prior: a ridge regression of log(1 + total tokens) on the context's hashed bag of tokens,
+        # fitted in closed form before training (``train.fit_prior``). Static text analysis that a few
+        # hundred tasks can support, where the transformer memorises them; the head weighs it by step.
+        self.register_buffer("bag_beta", torch.zeros(cfg.bag_buckets))
+        self.register_buffer("bag_mean", torch.tensor(cfg.target_mean))
+        # Whether the head reads the transformer's summary at each step, chosen on held-out tasks after
+        # training (``train.select_text_gates``): where it has only memorised, the prior and features answer.
+        self.register_buffer("text_gate", torch.ones(GATE_STEPS))
         with torch.no_grad():
             # Padding must add nothing to a pooled mean; real text never holds this id.
             self.backbone.embed_tokens.weight[PAD_ID].zero_()
 
+    def prior(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The bag-of-tokens ridge's log(1 + total tokens)."""
+        return bag_features(input_ids, attention_mask, self.cfg.bag_buckets) @ self.bag_beta + self.bag_mean
+
     def standard(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, feats: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        feats: torch.Tensor,
+        prior: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The prediction in standard units, what training fits."""
+        """The prediction in standard units, what training fits. Training passes ``prior`` from ridges
+        fitted without the example's task, so that the head learns how far the prior holds on unseen
+        tasks; everywhere else the model computes it."""
+        if self.cfg.bag_buckets:
+            if prior is None:
+                prior = self.prior(input_ids, attention_mask)
+            feats = torch.cat([feats, ((prior - self.mean) / self.std).unsqueeze(-1)], dim=-1)
         p = self.cfg.pool
         emb = self.backbone.embed_tokens(input_ids)
         b, n, d = emb.shape
@@ -99,6 +139,8 @@ class LengthRegressor(nn.Module):
         if self.training and self.text_dropout:
             keep = (torch.rand(b, 1) >= self.text_dropout).to(text.dtype)
             text = text * keep
+        step = torch.round(torch.exp(feats[:, 0]) - 1).long().clamp(0, GATE_STEPS - 1)  # ONNX has no expm1
+        text = text * self.text_gate[step].unsqueeze(-1)
         return self.head(torch.cat([text, feats], dim=-1)).squeeze(-1)
 
     def forward(
@@ -106,6 +148,15 @@ class LengthRegressor(nn.Module):
     ) -> torch.Tensor:
         """log(1 + remaining tokens)."""
         return self.standard(input_ids, attention_mask, feats) * self.std + self.mean
+
+
+def bag_features(input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Per context: log(1 + count) of its tokens in each of ``buckets`` hash buckets (id mod buckets),
+    scaled to unit length (at most)."""
+    counts = torch.zeros(input_ids.shape[0], buckets, dtype=torch.float32)
+    counts = counts.scatter_add(1, input_ids % buckets, attention_mask.to(torch.float32))
+    x = torch.log1p(counts)
+    return x / x.pow(2).sum(1, keepdim=True).clamp(min=1.0).sqrt()
 
 
 def build(base: str, seed: int = 0) -> LengthRegressor:
@@ -146,5 +197,9 @@ def load(directory: Path) -> LengthRegressor:
     backbone_cfg = {k: v for k, v in cfg.backbone.items() if k not in ("pad_token_id", "attn_implementation")}
     qcfg = Qwen3Config(**backbone_cfg, pad_token_id=PAD_ID, **EAGER)
     model = LengthRegressor(cfg, Qwen3Model(qcfg))
-    model.load_state_dict(torch.load(directory / "model.pt", map_location="cpu", weights_only=True))
+    state = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # A checkpoint from before the gates reads the summary at every step, as it was trained to.
+    if unexpected or set(missing) - {"text_gate"}:
+        raise ValueError(f"{directory} does not match its config: missing {missing}, unexpected {unexpected}")
     return model.eval()

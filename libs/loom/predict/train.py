@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ import torch
 from loom.predict import context, regressor
 from loom.predict.dataset import Example
 from loom.predict.regressor import PAD_ID, LengthRegressor
+
+PRIOR_FOLDS = 5
 
 
 @dataclass
@@ -33,6 +36,9 @@ class TrainConfig:
     freeze_embeddings: bool = False
     # Share of context tokens hidden from each training example, a fresh draw every time it is seen.
     token_dropout: float = 0.3
+    # The bag-of-tokens prior: ridge penalty, and the steps whose contexts it is fitted on.
+    prior_alpha: float = 1.0
+    prior_steps: int = 2
     # Example weight (k + 1) ** -early_weight at step k. Every step of a trajectory shares its prompt, so
     # the late steps, which far outnumber the early ones, would otherwise decide what the text means.
     early_weight: float = 1.0
@@ -47,6 +53,7 @@ class TrainReport:
     best_epoch: int
     seconds: float
     examples: int
+    text_gates: list[float] = field(default_factory=list)
 
 
 def tensors(examples: Sequence[Example], pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,6 +68,73 @@ def targets(examples: Sequence[Example]) -> torch.Tensor:
 def standard_targets(model: LengthRegressor, examples: Sequence[Example]) -> torch.Tensor:
     """Targets in the standard units the head predicts in."""
     return (targets(examples) - model.mean) / model.std
+
+
+def fit_prior(model: LengthRegressor, examples: Sequence[Example], cfg: TrainConfig) -> torch.Tensor:
+    """Fit the model's bag-of-tokens prior on the examples of steps up to ``cfg.prior_steps`` (the prompt
+    and the first plan, Heddle's strong early indicator) and return each training example's prior from
+    the ridge fitted without its task's fold (cross-fitting), so that the head sees how well the prior
+    does on tasks it never saw, as it will in service."""
+    buckets = model.cfg.bag_buckets
+    if not buckets:
+        return torch.zeros(len(examples))
+    early = [e for e in examples if e.step <= cfg.prior_steps]
+    x = _bags(early, model, buckets).double()
+    y = torch.tensor([math.log1p(e.total) for e in early], dtype=torch.float64)
+    tasks = sorted({e.task_id for e in examples})
+    folds = min(PRIOR_FOLDS, len(tasks))
+    fold_of = {t: zlib.crc32(t.encode()) % folds for t in tasks} if folds > 1 else {}
+    fitted = []
+    for f in range(folds):
+        keep = torch.tensor([fold_of.get(e.task_id, -1) != f for e in early])
+        fitted.append(_ridge(x[keep], y[keep], cfg.prior_alpha))
+    beta, mean = _ridge(x, y, cfg.prior_alpha)
+    model.bag_beta.copy_(beta.float())
+    model.bag_mean.fill_(float(mean))
+    if folds < 2:
+        return torch.full((len(examples),), float(mean))
+    betas = torch.stack([b for b, _ in fitted], dim=1).float()
+    means = torch.tensor([m for _, m in fitted], dtype=torch.float32)
+    out = torch.empty(len(examples))
+    for i in range(0, len(examples), 256):
+        chunk = examples[i : i + 256]
+        scores = _bags(chunk, model, buckets) @ betas + means
+        pick = torch.tensor([fold_of[e.task_id] for e in chunk])
+        out[i : i + len(chunk)] = scores.gather(1, pick.unsqueeze(1)).squeeze(1)
+    return out
+
+
+def _bags(examples: Sequence[Example], model: LengthRegressor, buckets: int) -> torch.Tensor:
+    parts = []
+    for i in range(0, len(examples), 256):
+        ids, mask, _ = tensors(examples[i : i + 256], model.cfg.pool)
+        parts.append(regressor.bag_features(ids, mask, buckets))
+    return torch.cat(parts) if parts else torch.zeros(0, buckets)
+
+
+def _ridge(x: torch.Tensor, y: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
+    """Ridge regression in its dual form (a few hundred examples, thousands of buckets): (beta, mean)."""
+    if not len(y):
+        return torch.zeros(x.shape[1], dtype=torch.float64), 0.0
+    mean = float(y.mean())
+    gram = x @ x.T + alpha * torch.eye(len(y), dtype=torch.float64)
+    return x.T @ torch.linalg.solve(gram, y - mean), mean
+
+
+def select_text_gates(model: LengthRegressor, val: Sequence[Example], batch_size: int) -> list[float]:
+    """Per step (3 and on together), keep the transformer's summary only if the held-out tasks are
+    predicted better with it than with the prior and features alone."""
+    gates = model.text_gate
+    for k in range(len(gates)):
+        chosen = [e for e in val if min(e.step, len(gates) - 1) == k]
+        if not chosen:
+            continue
+        losses = []
+        for on in (0.0, 1.0):
+            gates[k] = on
+            losses.append(_val_loss(model, chosen, batch_size))
+        gates[k] = 1.0 if losses[1] <= losses[0] else 0.0
+    return gates.tolist()
 
 
 def _val_loss(model: LengthRegressor, val: Sequence[Example], batch_size: int) -> float:
@@ -99,6 +173,7 @@ def train(
     y = targets(train_set)
     model.mean.fill_(float(y.mean()))
     model.std.fill_(max(float(y.std()), 1e-3))
+    priors = fit_prior(model, train_set, cfg)
     lr = cfg.lr if cfg.lr is not None else (2e-3 if cfg.base == "tiny" else 3e-5)
     if cfg.freeze_embeddings and cfg.base == "tiny":
         model.backbone.embed_tokens.weight.requires_grad_(False)
@@ -129,12 +204,13 @@ def train(
         order = rng.permutation(len(train_set))
         losses = []
         for i in range(0, len(order), cfg.batch_size):
-            chunk = [train_set[j] for j in order[i : i + cfg.batch_size]]
+            picked = order[i : i + cfg.batch_size]
+            chunk = [train_set[j] for j in picked]
             ids, mask, feats = tensors(chunk, model.cfg.pool)
             if cfg.token_dropout:
                 drop = (torch.rand(mask.shape) < cfg.token_dropout) & (mask > 0)
                 ids, mask = ids.masked_fill(drop, PAD_ID), mask.masked_fill(drop, 0)
-            z = model.standard(ids, mask, feats)
+            z = model.standard(ids, mask, feats, priors[torch.from_numpy(picked)])
             w = torch.tensor([(e.step + 1.0) ** -cfg.early_weight for e in chunk])
             err = (z - standard_targets(model, chunk)) ** 2
             loss = (w * err).sum() / w.sum()
@@ -173,7 +249,13 @@ def train(
         )
         if time.monotonic() > deadline:
             break
+    gates: list[float] = []
+    if val_set and (out / "model.pt").exists():
+        kept = regressor.load(out)
+        gates = select_text_gates(kept, val_set, cfg.batch_size)
+        regressor.save(kept, out)
     return TrainReport(
+        text_gates=gates,
         epochs=epoch,
         steps=step,
         train_loss=train_loss,

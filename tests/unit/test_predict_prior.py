@@ -1,0 +1,90 @@
+"""The length regressor's bag-of-tokens prior: its features, its closed-form fit, and cross-fitting that keeps
+each task's own lengths out of the prior its training examples see."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from loom.predict import context, regressor, train
+from loom.predict.dataset import Example
+
+
+def _examples(totals: dict[str, int], seed: int = 0) -> list[Example]:
+    """Three steps per task; token 7 appears in the context of the long tasks only."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for task, total in totals.items():
+        for step in range(3):
+            ids = rng.integers(100, 5000, size=40)
+            if total > 5000:
+                ids[:5] = 7
+            feats = context.features(step, 10 * step, 40)
+            out.append(Example(task, f"{task}#0", step, ids.astype(np.int64), feats, 10 * step, total))
+    return out
+
+
+def test_bag_features_count_each_unpadded_token_once() -> None:
+    ids, mask = context.batch([np.array([3, 3, 5, 3 + 16]), np.array([9])], regressor.PAD_ID, 8)
+    x = regressor.bag_features(torch.from_numpy(ids), torch.from_numpy(mask), 16).numpy()
+    want = np.log1p(np.bincount([3, 3, 5, 3], minlength=16))
+    assert np.allclose(x[0], want / np.linalg.norm(want))
+    assert np.allclose(x[1], np.log1p(np.eye(16)[9]))  # shorter than unit length: left as it is
+
+
+def test_the_prior_learns_a_telling_token_for_unseen_tasks() -> None:
+    totals = {f"t{i}": (20_000 if i % 2 else 2_000) for i in range(40)}
+    model = regressor.build("tiny")
+    train.fit_prior(model, _examples(totals), train.TrainConfig(prior_alpha=0.1))
+    unseen = _examples({"long": 20_000, "short": 2_000}, seed=1)
+    ids, mask, _ = context.inputs(unseen, regressor.PAD_ID, model.cfg.pool)
+    with torch.no_grad():
+        prior = model.prior(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    assert prior[:3].min() > prior[3:].max()
+
+
+def test_a_tasks_training_prior_never_saw_its_own_lengths() -> None:
+    totals = {f"t{i}": (20_000 if i % 2 else 2_000) for i in range(40)}
+    base = _examples(totals)
+    cfg = train.TrainConfig()
+    before = train.fit_prior(regressor.build("tiny"), base, cfg)
+    changed = [dataclasses.replace(e, total=1) if e.task_id == "t3" else e for e in base]
+    after = train.fit_prior(regressor.build("tiny"), changed, cfg)
+    own = [i for i, e in enumerate(base) if e.task_id == "t3"]
+    others = [i for i in range(len(base)) if i not in own]
+    assert torch.allclose(before[own], after[own])
+    assert not torch.allclose(before[others], after[others])
+
+
+@pytest.mark.parametrize("buckets", [0, 64])
+def test_a_saved_regressor_loads_with_its_prior(tmp_path: Path, buckets: int) -> None:
+    model = regressor.LengthRegressor(regressor.RegressorConfig(bag_buckets=buckets))
+    if buckets:
+        model.bag_beta.normal_()
+    regressor.save(model, tmp_path)
+    loaded = regressor.load(tmp_path)
+    assert loaded.cfg.bag_buckets == buckets
+    assert torch.equal(loaded.bag_beta, model.bag_beta)
+
+
+def test_text_gates_never_lose_to_either_choice_on_the_validation_split() -> None:
+    totals = {f"t{i}": 1000 * (i + 1) for i in range(12)}
+    val = _examples(totals, seed=2) + [
+        dataclasses.replace(e, step=e.step + 3, features=context.features(e.step + 3, 0, 40))
+        for e in _examples(totals, seed=3)
+    ]
+    model = regressor.build("tiny", seed=1).eval()
+
+    def loss(gates: list[float]) -> float:
+        model.text_gate.copy_(torch.tensor(gates))
+        return train._val_loss(model, val, 8)
+
+    ones, zeros = loss([1.0] * 4), loss([0.0] * 4)
+    model.text_gate.fill_(1.0)
+    chosen = train.select_text_gates(model, val, 8)
+    assert set(chosen) <= {0.0, 1.0}
+    assert loss(chosen) <= min(ones, zeros) + 1e-6
