@@ -131,3 +131,23 @@ async def test_micro_batcher_fails_requests_past_their_deadline_and_isolates_err
         await b.submit(13, 5.0)
     assert await b.submit(4, 5.0) == 4
     await b.close()
+
+
+@given(
+    st.lists(st.integers(0, 3), min_size=2, max_size=6),
+    st.lists(st.floats(0, 1e6, allow_nan=False), min_size=6, max_size=6, unique=True),
+    st.sampled_from([0.1, 0.34, 0.5]),
+)
+def test_tail_recall_averages_over_every_way_to_break_ties(
+    predicted: list[int], actual: list[float], tail: float
+) -> None:
+    import itertools
+
+    a = actual[: len(predicted)]
+    k = max(1, round(len(a) * tail))
+    top_a = set(np.argsort(-np.asarray(a), kind="stable")[:k].tolist())
+    hits = [
+        len(set(sorted(range(len(a)), key=lambda i: (-predicted[i], order[i]))[:k]) & top_a) / k
+        for order in itertools.permutations(range(len(a)))
+    ]
+    assert evaluate.tail_recall(predicted, a, tail) == pytest.approx(float(np.mean(hits)))

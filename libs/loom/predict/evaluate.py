@@ -17,10 +17,13 @@ def tail_recall(predicted: Sequence[float], actual: Sequence[float], tail: float
     if len(p) != len(a) or not len(a):
         raise ValueError("predicted and actual must be non-empty and of one length")
     k = max(1, round(len(a) * tail))
-    # Ties in the prediction are broken by position, so a constant predictor scores at chance.
-    top_p = set(np.argsort(-p, kind="stable")[:k].tolist())
-    top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
-    return len(top_p & top_a) / k
+    top_a = np.argsort(-a, kind="stable")[:k]
+    # Ties in the prediction are broken at random, in expectation: the predictions tied at the cut share
+    # its remaining places, so a constant predictor scores at chance rather than by the order of the data.
+    cut = np.sort(p)[::-1][k - 1]
+    above, at = p > cut, p == cut
+    chosen = above.astype(float) + at * (k - above.sum()) / at.sum()
+    return float(chosen[top_a].sum() / k)
 
 
 def pearson(predicted: Sequence[float], actual: Sequence[float]) -> float:
