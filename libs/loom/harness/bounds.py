@@ -86,5 +86,13 @@ def throughput_bound(workload: Workload, cluster: Cluster) -> float:
     return best
 
 
+def lower_bound_terms(workload: Workload, cluster: Cluster) -> dict[str, float]:
+    """Both terms, by name; the bound is the larger."""
+    return {
+        "critical_path_s": critical_path(workload, cluster),
+        "throughput_s": throughput_bound(workload, cluster),
+    }
+
+
 def lower_bound(workload: Workload, cluster: Cluster) -> float:
-    return max(critical_path(workload, cluster), throughput_bound(workload, cluster))
+    return max(lower_bound_terms(workload, cluster).values())

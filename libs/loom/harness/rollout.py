@@ -22,7 +22,7 @@ from loom.engine.interference import context_bucket
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO, build_core
 from loom.engine.virtual import VirtualSim
-from loom.harness.bounds import critical_path, throughput_bound
+from loom.harness.bounds import lower_bound_terms
 from loom.harness.cluster import Cluster, allocate
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
@@ -330,10 +330,7 @@ def run_rollout(
     last = int(np.argmax(finish)) if trajs else 0
     inputs = sum(st.input_len for t in trajs for st in t.steps)
     tokens = sum(generated)
-    bound_terms = {
-        "critical_path_s": critical_path(workload, cluster),
-        "throughput_s": throughput_bound(workload, cluster),
-    }
+    bound_terms = lower_bound_terms(workload, cluster)
     lb = max(bound_terms.values())
     longest = int(np.argmax([t.output_tokens for t in trajs])) if trajs else 0
     return RolloutResult(

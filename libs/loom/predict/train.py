@@ -81,18 +81,18 @@ def fit_prior(model: LengthRegressor, examples: Sequence[Example], cfg: TrainCon
     early = [e for e in examples if e.step <= cfg.prior_steps]
     x = _bags(early, model, buckets).double()
     y = torch.tensor([math.log1p(e.total) for e in early], dtype=torch.float64)
-    tasks = sorted({e.task_id for e in examples})
-    folds = min(PRIOR_FOLDS, len(tasks))
-    fold_of = {t: zlib.crc32(t.encode()) % folds for t in tasks} if folds > 1 else {}
-    fitted = []
-    for f in range(folds):
-        keep = torch.tensor([fold_of.get(e.task_id, -1) != f for e in early])
-        fitted.append(_ridge(x[keep], y[keep], cfg.prior_alpha))
     beta, mean = _ridge(x, y, cfg.prior_alpha)
     model.bag_beta.copy_(beta.float())
     model.bag_mean.fill_(float(mean))
+    tasks = sorted({e.task_id for e in examples})
+    folds = min(PRIOR_FOLDS, len(tasks))
     if folds < 2:
         return torch.full((len(examples),), float(mean))
+    fold_of = {t: zlib.crc32(t.encode()) % folds for t in tasks}
+    fitted = []
+    for f in range(folds):
+        keep = torch.tensor([fold_of[e.task_id] != f for e in early])
+        fitted.append(_ridge(x[keep], y[keep], cfg.prior_alpha))
     betas = torch.stack([b for b, _ in fitted], dim=1).float()
     means = torch.tensor([m for _, m in fitted], dtype=torch.float32)
     out = torch.empty(len(examples))
