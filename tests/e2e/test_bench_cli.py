@@ -11,9 +11,9 @@ from tests.conftest import need_shared
 from tests.e2e.conftest import LOOM
 
 
-def _bench(*args: str) -> dict[str, Any]:
+def _bench(*args: str, timeout: float = 120) -> dict[str, Any]:
     r = subprocess.run(
-        [LOOM, "bench", *args, "--json"], capture_output=True, text=True, timeout=120, check=False
+        [LOOM, "bench", *args, "--json"], capture_output=True, text=True, timeout=timeout, check=False
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -134,3 +134,22 @@ def test_bench_rollmux_reports_every_policy_the_optimum_and_latency(tmp_path: Pa
     assert 1.0 <= out["cost_over_optimal"] <= out["optimal"]["max"]
     assert set(out["decision_ms"]) == {"100", "1000", "2000"}
     assert all(Path(p).stat().st_size > 0 for p in out["plots"])
+
+
+def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    # Trains two small models for 20 s and 7 s, then times the progressive one: about a minute.
+    out = _bench("predictor", "--quick", "--out", str(tmp_path), timeout=300)
+    assert set(out["methods"]) == {"progressive", "prompt_only", "history"}
+    for steps in out["methods"].values():
+        assert set(steps) == {"step0", "step1", "step2"}
+        for m in steps.values():
+            for name in ("recall", "pearson"):
+                low, high = m[f"{name}_ci95"]
+                assert low <= high and -1.0 <= m[name] <= 1.0
+    assert set(out["step2_against"]) == {"step0", "prompt_only", "history"}
+    for row in out["step2_against"].values():
+        assert 0.0 <= row["recall"]["p_better"] <= 1.0
+    for batch in ("b1", "b32"):
+        assert 0 < out["latency_ms"][batch]["p50"] <= out["latency_ms"][batch]["p99"]
+    assert (tmp_path / "progressive" / "model.onnx").exists()

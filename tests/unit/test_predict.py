@@ -151,3 +151,32 @@ def test_tail_recall_averages_over_every_way_to_break_ties(
         for order in itertools.permutations(range(len(a)))
     ]
     assert evaluate.tail_recall(predicted, a, tail) == pytest.approx(float(np.mean(hits)))
+
+
+@given(
+    st.lists(st.integers(0, 10**5), min_size=3, max_size=40),
+    st.lists(st.integers(0, 10**5), min_size=40, max_size=40),
+)
+def test_bootstrap_interval_holds_the_resamples_and_a_predictor_never_beats_itself(
+    actual: list[int], noise: list[int]
+) -> None:
+    predicted = [float(a + n) for a, n in zip(actual, noise, strict=False)]
+    for metric in (evaluate.tail_recall, evaluate.pearson):
+        iv = evaluate.bootstrap(metric, actual, predicted, samples=200)
+        assert iv.estimate == pytest.approx(metric(predicted, actual))
+        assert iv.low <= iv.high
+        same = evaluate.bootstrap(metric, actual, predicted, predicted, samples=50)
+        assert (same.estimate, same.low, same.high, same.above_zero) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_bootstrap_separates_a_perfect_predictor_from_a_constant_one() -> None:
+    actual = list(range(1, 101))
+    iv = evaluate.bootstrap(evaluate.tail_recall, actual, actual, [1.0] * 100, samples=500)
+    assert iv.estimate == pytest.approx(0.9)
+    assert iv.low > 0.5 and iv.above_zero == 1.0
+    # Fifteen trajectories: the top 10% is two, and a random ranking's interval spans 0 to at least 1/2.
+    rng = np.random.default_rng(1)
+    small = evaluate.bootstrap(evaluate.tail_recall, actual[:15], rng.permutation(15).tolist(), samples=500)
+    assert small.low == 0.0 and small.high >= 0.5
+    with pytest.raises(ValueError):
+        evaluate.bootstrap(evaluate.pearson, [1.0, 2.0], [1.0])
