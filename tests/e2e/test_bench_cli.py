@@ -142,7 +142,7 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     out = _bench("predictor", "--quick", "--out", str(tmp_path), timeout=300)
     assert set(out["methods"]) == {"progressive", "prompt_only", "history"}
     for steps in out["methods"].values():
-        assert set(steps) == {"step0", "step1", "step2"}
+        assert {"step0", "step1", "step2"} <= set(steps)
         for m in steps.values():
             for name in ("recall", "pearson"):
                 low, high = m[f"{name}_ci95"]

@@ -127,11 +127,11 @@ def _ridge(x: torch.Tensor, y: torch.Tensor, alpha: float) -> tuple[torch.Tensor
 
 
 def select_text_gates(model: LengthRegressor, val: Sequence[Example], batch_size: int) -> list[float]:
-    """Per step (3 and on together), keep the transformer's summary only if the held-out tasks are
+    """Per gate (a range of steps), keep the transformer's summary only if the held-out tasks are
     predicted clearly better with it than with the prior and features alone."""
     gates = model.text_gate
     for k in range(len(gates)):
-        chosen = [e for e in val if min(e.step, len(gates) - 1) == k]
+        chosen = [e for e in val if regressor.gate_of(e.step, model.cfg.gate_bounds) == k]
         if not chosen:
             continue
         errors = []
@@ -158,7 +158,8 @@ def summary_wins(
 
 
 def _errors(model: LengthRegressor, examples: Sequence[Example], batch_size: int) -> np.ndarray:
-    """Squared errors in standard units."""
+    """Squared errors in standard units, the model evaluated as it serves and left in the mode it was in."""
+    training = model.training
     model.eval()
     out = []
     with torch.no_grad():
@@ -166,7 +167,7 @@ def _errors(model: LengthRegressor, examples: Sequence[Example], batch_size: int
             chunk = examples[i : i + batch_size]
             z = model.standard(*tensors(chunk, model.cfg.pool))
             out.append(((z - standard_targets(model, chunk)) ** 2).numpy())
-    model.train()
+    model.train(training)
     return np.concatenate(out) if out else np.zeros(0)
 
 
