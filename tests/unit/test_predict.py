@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom.predict import context, dataset, evaluate
@@ -153,6 +153,7 @@ def test_tail_recall_averages_over_every_way_to_break_ties(
     assert evaluate.tail_recall(predicted, a, tail) == pytest.approx(float(np.mean(hits)))
 
 
+@settings(deadline=None)
 @given(
     st.lists(st.integers(0, 10**5), min_size=3, max_size=40),
     st.lists(st.integers(0, 10**5), min_size=40, max_size=40),

@@ -216,16 +216,17 @@ def _latency(
 
 def _print(console: Console, r: dict[str, Any]) -> None:
     t = Table(title=f"Length prediction on the held-out split ({r['trajectories']['test']} trajectories)")
-    t.add_column("step")
-    for name in r["methods"]:
-        t.add_column(f"{name} recall", justify="right")
-        t.add_column(f"{name} r", justify="right")
+    for col in ("step", "method", "recall (95% CI)", "Pearson r (95% CI)"):
+        t.add_column(col, justify="left" if col == "method" else "right")
     for k in STEPS:
-        row = [str(k)]
-        for steps in r["methods"].values():
+        for name, steps in r["methods"].items():
             m = steps.get(f"step{k}")
-            row += [f"{m['recall']:.2f}", f"{m['pearson']:.2f}"] if m else ["-", "-"]
-        t.add_row(*row)
+            if m:
+                cells = [
+                    f"{m[x]:.2f} ({m[f'{x}_ci95'][0]:.2f} to {m[f'{x}_ci95'][1]:.2f})"
+                    for x in ("recall", "pearson")
+                ]
+                t.add_row(str(k), name, *cells, end_section=name == list(r["methods"])[-1])
     console.print(t)
     for name, row in r["step2_against"].items():
         console.print(
