@@ -100,7 +100,7 @@ def _best_contiguous(
         worst = 0.0
         for prof, a, b in zip(workers, edges, edges[1:], strict=False):
             if b > a:
-                share = [max(weights[i], prof.min_weight) for i in order[a:b]]
+                share = [max(weights[i] * prof.weight_scale, prof.min_weight) for i in order[a:b]]
                 size = np.array([sum(share)])
                 # Prefill tokens in the worker's weight-tokens: its prefill time over its work rate.
                 per = prof.prefill_s / (prof.per_token_s * prof.work_rate) if prof.work_rate else 0.0
@@ -148,6 +148,7 @@ def test_weighted_optimum_equals_the_best_contiguous_partition(
             st.sampled_from([0.0, 0.5, 2.0]),
             st.floats(0.05, 2),
             st.sampled_from([0.0, 1e-5, 1e-3]),
+            st.sampled_from([1.0, 0.3]),
         ),
         min_size=1,
         max_size=3,
@@ -157,20 +158,22 @@ def test_weighted_optimum_equals_the_best_contiguous_partition(
 )
 def test_per_worker_floors_work_and_prefill_rates_match_the_best_contiguous_partition(
     data: list[tuple[float, float, float]],
-    kinds: list[tuple[float, float, float, float]],
+    kinds: list[tuple[float, float, float, float, float]],
     inc: list[float],
     sat: float,
 ) -> None:
-    # Each worker weighs a trajectory at least its own batch slot (min_weight), drains work at its own
-    # rate (work_s) and charges prefill at its own (prefill_s): the solvers still find the best
-    # contiguous partition over the sorted workers.
+    # Each worker weighs a trajectory in its own units (weight_scale), at least its own batch slot
+    # (min_weight), drains work at its own rate (work_s) and charges prefill at its own (prefill_s): the
+    # solvers still find the best contiguous partition over the sorted workers.
     lengths = [a for a, _, _ in data]
     weights = [b for _, b, _ in data]
     prefill = [c for _, _, c in data]
     base = _profile(0.01, inc, sat)
     workers = [
-        WorkerProfile(t, base.interference, sat, work_s=t * rate, min_weight=floor, prefill_s=pre)
-        for t, floor, rate, pre in kinds
+        WorkerProfile(
+            t, base.interference, sat, work_s=t * rate, min_weight=floor, prefill_s=pre, weight_scale=scale
+        )
+        for t, floor, rate, pre, scale in kinds
     ]
     ordered = sorted(workers, key=lambda w: w.per_token_s)
     want = _best_contiguous(lengths, weights, ordered, prefill)

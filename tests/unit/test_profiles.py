@@ -36,8 +36,9 @@ def test_more_tensor_parallelism_means_less_interference() -> None:
 
 def test_priority_profile_drains_work_at_the_engines_full_batch_rate() -> None:
     """Under progressive priority a saturated worker's group drains at the full-batch decode rate, the head
-    runs at the per-token time of the batch it shares, and a short trajectory still takes a batch slot."""
-    kw = {"context_len": 16384, "max_running": 256, "tool_s": 3.0, "max_group": 2000, "by_priority": True}
+    runs at the per-token time of the batch it shares, and a short trajectory still takes a batch slot.
+    With no tool calls every trajectory of the group is generating."""
+    kw = {"context_len": 16384, "max_running": 256, "tool_s": 0.0, "max_group": 2000, "by_priority": True}
     for tp in (1, 8):
         p = placement_profile("qwen3-14b", "h100", tp, **kw)  # type: ignore[arg-type]
         perf = PerfModel("h100", "qwen3-14b", tp)
@@ -47,6 +48,21 @@ def test_priority_profile_drains_work_at_the_engines_full_batch_rate() -> None:
         assert p.interference[batch] == pytest.approx(perf.interference(batch, 16384), rel=1e-6)
         # Past saturation the head's time grows with the group: the rest queue for its slots.
         assert p.interference[2 * batch] == pytest.approx(2 * p.interference[batch], rel=0.02)
-        assert p.min_weight == pytest.approx(perf.kv_capacity_tokens() / 256 / 16384)
+        # A trajectory takes at least a batch slot; its context is its share of the KV cache.
+        assert p.min_weight == pytest.approx(p.saturation / 256)
+        assert p.weight_scale == pytest.approx(min(1.0, p.saturation * 16384 / perf.kv_capacity_tokens()))
         # A prefill chunk riding a full decode batch costs at most what it costs alone.
         assert 0 < p.prefill_s <= perf.iteration_time(8192, 0, 0) / 8192
+
+
+def test_priority_profile_counts_only_the_trajectories_generating() -> None:
+    """Trajectories in a tool call leave the batch: the longer the tools against a step's generation, the
+    fewer share it, and a group sharing it with none runs at the base rate."""
+    kw = {"context_len": 4096, "max_running": 256, "max_group": 600, "by_priority": True}
+    f = {
+        tool: placement_profile("qwen3-14b", "h100", 2, tool_s=tool, **kw).interference  # type: ignore[arg-type]
+        for tool in (0.0, 1.0, 10.0, 1e6)
+    }
+    for g in (8, 64, 200, 600):
+        assert f[0.0][g] > f[1.0][g] > f[10.0][g] >= f[1e6][g]
+    assert f[1e6][600] == pytest.approx(1.0, abs=0.01)

@@ -10,7 +10,7 @@ import numpy as np
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO
 from loom.policies.partition import WorkerProfile
-from loom.policies.profiles import placement_profile
+from loom.policies.profiles import STEP_TOKENS, placement_profile
 from loom.policies.resources import ResourceProblem, anneal
 from loom.protocol import ResolvedPolicy
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
@@ -29,6 +29,8 @@ class Cluster:
     # The profiles' reference context: a trajectory whose mean context is k times this weighs k in a group.
     context_len: int = 16_384
     tool_s: float = CODING_TOOL_S
+    # Output tokens of a step: with ``tool_s``, the share of a trajectory's time it spends generating.
+    step_tokens: float = STEP_TOKENS
 
     def degrees_that_fit(self) -> list[int]:
         return [
@@ -49,6 +51,7 @@ class Cluster:
             max_group=max_group,
             by_priority=policy.priority_cache,
             hicache_ratio=HICACHE_RATIO if policy.host_cache else 0.0,
+            step_tokens=self.step_tokens,
         )
 
 

@@ -176,7 +176,9 @@ def run_rollout(
     pred = _Predictor(predictor)
     initial = [pred.total(t, 0) for t in trajs]
     ref, weights = placement_weights([pred.context(t) for t in trajs])
-    cluster = dataclasses.replace(cluster, context_len=ref)
+    steps = [st for t in trajs for st in t.steps]
+    step_tokens = sum(st.output_len for st in steps) / max(1, len(steps))
+    cluster = dataclasses.replace(cluster, context_len=ref, step_tokens=step_tokens)
     prefill = [pred.prefill(t) for t in trajs]
     degrees = allocate(policy, cluster, initial, seed, weights, prefill)
     preemptive = policy.order in ("pps", "autellix")

@@ -40,8 +40,11 @@ class WorkerProfile:
 
     ``work_s``: seconds per weight-token once saturated, where known better than F(saturation) /
     saturation * T. ``min_weight``: the least share of the worker one trajectory takes, however short its
-    context: a batch slot, when the batch limit binds before the KV cache does. ``prefill_s``: seconds per
-    prefilled token once saturated, what a trajectory's new input tokens add to its group's work.
+    context: a batch slot, when the batch limit binds before the KV cache does. ``weight_scale``: a
+    trajectory's weight (its context over the reference context) in this worker's units, below 1 where
+    the batch limit saturates it at the reference context and a trajectory's context is then a smaller
+    share of it than of the reference batch. ``prefill_s``: seconds per prefilled token once saturated,
+    what a trajectory's new input tokens add to its group's work.
     """
 
     per_token_s: float
@@ -50,6 +53,11 @@ class WorkerProfile:
     work_s: float | None = None
     min_weight: float = 0.0
     prefill_s: float = 0.0
+    weight_scale: float = 1.0
+
+    def share(self, weights: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Trajectories' weights in this worker's units, each at least a batch slot."""
+        return np.maximum(weights * self.weight_scale, self.min_weight)
 
     def factor(self, sizes: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
         x = np.asarray(sizes, dtype=np.float64)
@@ -142,19 +150,19 @@ def presorted_dp(
     starts = _aggregate(len(lens), max_items)
     heads = sorted_lens[starts[:-1]]
     ordered = [workers[w] for w in wsort]
-    # Per worker kind: cumulative weights floored at its slot, and work in its weight-tokens, prefill
-    # converted at its rates.
-    sums: dict[tuple[float, float], tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
+    # Per worker kind: cumulative weights in its units, and work in its weight-tokens, prefill converted
+    # at its rates.
+    sums: dict[tuple[float, float, float], tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
     keys = []
     for prof in ordered:
         rate = prof.per_token_s * prof.work_rate
-        key = (prof.min_weight, prof.prefill_s / rate if rate > 0 else 0.0)
+        key = (prof.min_weight, prof.weight_scale, prof.prefill_s / rate if rate > 0 else 0.0)
         keys.append(key)
         if key not in sums:
-            floored = np.maximum(wts[order], key[0])
+            share = prof.share(wts[order])
             sums[key] = (
-                np.concatenate([[0.0], np.cumsum(floored)])[starts],
-                np.concatenate([[0.0], np.cumsum(floored * sorted_lens + key[1] * pre[order])])[starts],
+                np.concatenate([[0.0], np.cumsum(share)])[starts],
+                np.concatenate([[0.0], np.cumsum(share * sorted_lens + key[2] * pre[order])])[starts],
             )
     cws = [sums[k][0] for k in keys]
     cks = [sums[k][1] for k in keys]
@@ -201,7 +209,7 @@ def _solve_dp(
     workers: Sequence[WorkerProfile],
 ) -> list[tuple[int, int]]:
     """Formula 3 over items (``heads`` = each item's longest length; ``cws`` and ``cks`` = per worker, the
-    cumulative weight and work, the weights floored at its ``min_weight``)."""
+    cumulative weight and work, the weights in its units: ``WorkerProfile.share``)."""
     n = len(heads)
     idx = np.arange(n + 1)
     head_at = np.concatenate([heads, [0.0]])  # head_at[n] is never a group's first item

@@ -11,8 +11,9 @@ engine's batch limit and KV capacity make the rest queue, and prefills of return
 Sizes are simulated on a geometric grid and interpolated; results are cached per engine kind.
 
 Under progressive priority (Heddle's order) the profile is the engine model's per-token time against
-batch size up to saturation, with the saturated work rate and a batch-slot floor on weights: see
-``_priority_profile`` for why the simulation is not used there.
+the batch of trajectories generating (the rest are in tool calls) up to saturation, with the saturated
+work rate and weights in batch slots and KV shares: see ``_priority_profile`` for why the simulation is
+not used there.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ OBSERVATION_TOKENS = 200
 STEPS = 4  # steps per simulated trajectory: enough to reach a steady mix of prefills, decodes and tools
 PREFILL_CHUNK = 8192  # SGLang's --chunked-prefill-size default
 GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Rounds of the generating-share fixed point in the priority profile; it settles within a few.
+FIXED_POINT_ROUNDS = 8
 
 
 def simulate_group(
@@ -145,13 +148,15 @@ def placement_profile(
     max_group: int,
     by_priority: bool = False,
     hicache_ratio: float = 0.0,
+    step_tokens: float = STEP_TOKENS,
 ) -> WorkerProfile:
-    """T and F(0..max_group) of one worker kind for a job whose steps are followed by ``tool_s`` tools."""
+    """T and F(0..max_group) of one worker kind for a job whose steps of ``step_tokens`` output tokens are
+    followed by ``tool_s`` tools."""
     bucket = context_bucket(context_len)
     base_s = interference_table(model, gpu, tp, bucket).base_s
     g = np.arange(max_group + 1, dtype=np.float64)
     if by_priority:
-        return _priority_profile(model, gpu, tp, bucket, max_running, base_s, g)
+        return _priority_profile(model, gpu, tp, bucket, max_running, base_s, g, tool_s, step_tokens)
     top = max(1, min(max_group, GRID[-1]))
     sizes, factors = _grid_factors(
         model.lower(),
@@ -173,32 +178,52 @@ def placement_profile(
 
 
 def _priority_profile(
-    model: str, gpu: str, tp: int, bucket: int, max_running: int, base_s: float, g: NDArray[np.float64]
+    model: str,
+    gpu: str,
+    tp: int,
+    bucket: int,
+    max_running: int,
+    base_s: float,
+    g: NDArray[np.float64],
+    tool_s: float,
+    step_tokens: float,
 ) -> WorkerProfile:
     """Under progressive priority the longest run first and the rest queue once the worker is saturated:
     the head shares the batch with at most that many reference trajectories, at the engine model's
     per-token time for that batch (Heddle's profile against batch size), and the group's work drains at
-    the full batch's decode rate.
+    the full batch's decode rate. Of g trajectories only those generating share the batch, the rest are in
+    a tool call: g times the share of a step spent generating, a fixed point of the per-token time.
 
     Not the group simulation: a simulated group of a few short steps spends a share on prefilling its
     reference context that real trajectories, tens of steps long on a cached prefix, do not. At 64 GPUs
     on the coding traces it overstated the saturated rate 1.4-1.8x, more at higher degrees, and steered
     allocation to the low ones. This one predicts fixed MP 4 at 1620 s against 1760 s simulated (the
-    group simulation's profile said 2620 s). It leaves out that a trajectory in a tool call does not share
-    the batch, which makes it pessimistic for unsaturated workers.
+    group simulation's profile said 2620 s).
     """
     sat = saturation(model, gpu, tp, bucket, max_running)
     perf = PerfModel(gpu, model, tp)
     table = interference_table(model, gpu, tp, bucket, max_batch=max(1, int(np.ceil(sat))))
-    shared = np.interp(g, np.arange(1, len(table.factors) + 1), table.factors)
-    f = np.maximum.accumulate(np.maximum(shared, 1.0)) * np.maximum(1.0, g / sat)
+    sizes = np.arange(1, len(table.factors) + 1)
+    generating = g.copy()
+    for _ in range(FIXED_POINT_ROUNDS):
+        gen_s = step_tokens * base_s * np.interp(generating, sizes, table.factors)
+        # Once saturated the rest queue for a slot, which is generation time too: the wait is not a tool.
+        gen_s *= np.maximum(1.0, generating / sat)
+        generating = g * gen_s / (gen_s + tool_s)
+    shared = np.interp(generating, sizes, table.factors)
+    f = np.maximum.accumulate(np.maximum(shared, 1.0) * np.maximum(1.0, generating / sat))
     f[0] = 0.0
     batch = max(1, int(sat))
     full = perf.per_token_time(batch, bucket)  # one iteration of the full batch
     work_s = full / batch
-    # A trajectory holds one batch slot however short its context: where the batch limit binds first, the
-    # shortest weigh a slot's share of the KV cache, not their own context's.
-    slot = perf.kv_capacity_tokens() / max_running / bucket
+    # Weights are in reference trajectories, a 1/sat share of the worker each. A trajectory holds one
+    # batch slot however short its context, a 1/max_running share. Where the batch limit saturates the
+    # worker at the reference context (sat = max_running), a context is a share of the KV cache smaller
+    # than its weight says: the weight scales by the reference batch's share of the cache.
+    slot = sat / max_running
+    scale = min(1.0, sat * bucket / perf.kv_capacity_tokens())
     # A prefill chunk rides along a full decode batch: what it adds to that iteration, per token.
     prefill_s = (perf.iteration_time(PREFILL_CHUNK, batch, batch * bucket) - full) / PREFILL_CHUNK
-    return WorkerProfile(base_s, f, sat, work_s=work_s, min_weight=slot, prefill_s=prefill_s)
+    return WorkerProfile(
+        base_s, f, sat, work_s=work_s, min_weight=slot, prefill_s=prefill_s, weight_scale=scale
+    )
