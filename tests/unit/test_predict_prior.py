@@ -108,8 +108,9 @@ def test_a_text_gate_opens_only_where_the_summary_lowers_that_steps_validation_l
     chosen = train.select_text_gates(model, val, 8)
     assert set(chosen) <= {0.0, 1.0}
     opened = 0
+    serving = train.gate_of(model, val)
     for k, gate in enumerate(chosen):
-        at_k = [e for e in val if regressor.gate_of(e.step, model.cfg.gate_bounds) == k]
+        at_k = [e for e, g in zip(val, serving, strict=True) if g == k]
         if not at_k:
             assert gate == 1.0  # no evidence: the summary stays as it was trained
         elif gate:
@@ -119,6 +120,15 @@ def test_a_text_gate_opens_only_where_the_summary_lowers_that_steps_validation_l
             model.text_gate[k] = 1.0
             assert train._val_loss(model, at_k, 8) < off
     assert opened
+
+
+def test_each_step_is_served_by_the_gate_of_its_range() -> None:
+    model = _with_buckets(8)
+    steps = list(range(0, 200))
+    feats = torch.from_numpy(np.stack([context.features(k, 10 * k, 100) for k in steps]))
+    want = [sum(b <= k for b in model.cfg.gate_bounds) for k in steps]
+    assert model.gate_of(feats).tolist() == want
+    assert want[:4] == [0, 1, 2, 3] and want[-1] == len(model.cfg.gate_bounds)
 
 
 @settings(deadline=None)

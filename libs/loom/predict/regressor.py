@@ -15,9 +15,7 @@ tasks and predicts nothing at steps 0 to 2, where such a ridge carries most of w
 
 from __future__ import annotations
 
-import bisect
 import json
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,10 +160,13 @@ class LengthRegressor(nn.Module):
         if self.training and self.text_dropout:
             keep = (torch.rand(b, 1) >= self.text_dropout).to(text.dtype)
             text = text * keep
-        step = torch.round(torch.exp(feats[:, 0]) - 1)  # ONNX has no expm1
-        gate = (step.unsqueeze(-1) >= self.gate_bounds).sum(-1)
-        text = text * self.text_gate[gate].unsqueeze(-1)
+        text = text * self.text_gate[self.gate_of(feats)].unsqueeze(-1)
         return self.head(torch.cat([text, feats], dim=-1)).squeeze(-1)
+
+    def gate_of(self, feats: torch.Tensor) -> torch.Tensor:
+        """The gate serving each context: how many of the bounds its step (from its features) has reached."""
+        step = torch.round(torch.exp(feats[:, 0]) - 1)  # ONNX has no expm1
+        return (step.unsqueeze(-1) >= self.gate_bounds).sum(-1)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, feats: torch.Tensor
@@ -181,11 +182,6 @@ def bag_features(input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets:
     counts = counts.scatter_add(1, input_ids % buckets, attention_mask.to(torch.float32))
     x = torch.log1p(counts)
     return x / x.pow(2).sum(1, keepdim=True).clamp(min=1.0).sqrt()
-
-
-def gate_of(step: int, bounds: Sequence[int]) -> int:
-    """The gate that serves ``step``: how many of the bounds it has reached."""
-    return bisect.bisect_right(bounds, step)
 
 
 def build(base: str, seed: int = 0) -> LengthRegressor:

@@ -130,8 +130,9 @@ def select_text_gates(model: LengthRegressor, val: Sequence[Example], batch_size
     """Per gate (a range of steps), keep the transformer's summary only if the held-out tasks are
     predicted clearly better with it than with the prior and features alone."""
     gates = model.text_gate
+    serving = gate_of(model, val)
     for k in range(len(gates)):
-        chosen = [e for e in val if regressor.gate_of(e.step, model.cfg.gate_bounds) == k]
+        chosen = [e for e, g in zip(val, serving, strict=True) if g == k]
         if not chosen:
             continue
         errors = []
@@ -141,6 +142,13 @@ def select_text_gates(model: LengthRegressor, val: Sequence[Example], batch_size
         wins = summary_wins(errors[0], errors[1], [e.traj_id for e in chosen])
         gates[k] = 1.0 if wins >= GATE_CONFIDENCE else 0.0
     return gates.tolist()
+
+
+def gate_of(model: LengthRegressor, examples: Sequence[Example]) -> list[int]:
+    """The gate serving each example, as the model maps it."""
+    if not examples:
+        return []
+    return model.gate_of(torch.from_numpy(np.stack([e.features for e in examples]))).tolist()
 
 
 def summary_wins(
