@@ -33,12 +33,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from loom.predict import evaluate
 from loom_cli.bench.registry import Benchmark
 
 # Steps 0 to 2 as in Heddle's Figure 13 (and the acceptance line); the later ones, over the trajectories that
 # reach them, show how far along the context starts to tell the long tail apart.
 STEPS = (0, 1, 2, 5, 10, 20)
 QUICK_TRACES = 120
+# Heddle's two measures (§7.3), under the names the JSON gives them.
+METRICS = (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson))
 # Fewer test trajectories than this (at all, or reaching a step) say nothing about a tail of 10%.
 MIN_TRAJECTORIES = 10
 
@@ -71,7 +74,7 @@ def _train(examples: Any, out: Path, minutes: float, seed: int, method: str, epo
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from loom.predict import dataset, evaluate
+    from loom.predict import dataset
     from loom.predict.history import HistoryPredictor
     from loom.predict.onnx_model import OnnxRegressor
     from loom.traces import load_traces
@@ -124,8 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, p in preds.items():
             totals[name, k] = {e.traj_id: float(v) for e, v in zip(ex, p, strict=True)}
             methods[name][f"step{k}"] = {
-                "recall": round(evaluate.tail_recall(p, actual), 3),
-                "pearson": round(evaluate.pearson(p, actual), 3),
+                **{m: round(metric(p, actual), 3) for m, metric in METRICS},
                 **_intervals(actual, p),
             }
     actual_of = {t: float(by_traj[t][0].total) for t in test_ids}
@@ -147,10 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _intervals(actual: Sequence[float], predicted: Sequence[float]) -> dict[str, list[float]]:
-    from loom.predict import evaluate
-
     out = {}
-    for name, metric in (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson)):
+    for name, metric in METRICS:
         iv = evaluate.bootstrap(metric, actual, predicted)
         out[f"{name}_ci95"] = [round(iv.low, 3), round(iv.high, 3)]
     return out
@@ -161,8 +161,6 @@ def _step2_against(
 ) -> dict[str, dict[str, Any]]:
     """Progressive at step 2 against each comparison of acceptance line 1, paired on the trajectories that
     reach step 2: the difference, its 95% bootstrap interval, and the share of resamples progressive wins."""
-    from loom.predict import evaluate
-
     if ("progressive", 2) not in totals:
         return {}
     ours = totals["progressive", 2]
@@ -176,7 +174,7 @@ def _step2_against(
     ):
         other = [totals[key][t] for t in ids]
         row: dict[str, Any] = {}
-        for metric_name, metric in (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson)):
+        for metric_name, metric in METRICS:
             iv = evaluate.bootstrap(metric, actual, [ours[t] for t in ids], other)
             row[metric_name] = {
                 "diff": round(iv.estimate, 3),
