@@ -19,6 +19,21 @@ def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
 
         # The server decides tp and max_running; the worker reports what it finds there.
         return SGLangEngine(s.sglang_url, model=s.model, gpu=s.gpu)
+    if s.engine == "hf":
+        if not s.model_path:
+            raise ValueError(
+                "LOOM_ROLLOUT_ENGINE=hf needs LOOM_ROLLOUT_MODEL_PATH, the checkpoint directory to serve"
+            )
+        from loom.engine.hf import HFEngine
+
+        return HFEngine(
+            s.model_path,
+            model=s.model,
+            weight_version=s.weight_version,
+            max_running=s.max_running,
+            threads=s.threads,
+            seed=s.seed,
+        )
     from loom.engine.sim import SimEngine
 
     return SimEngine(

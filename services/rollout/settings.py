@@ -12,9 +12,17 @@ class RolloutSettings(LoomSettings):
     model_config = SettingsConfigDict(env_prefix="LOOM_ROLLOUT_", populate_by_name=True, extra="ignore")
 
     worker_id: str = Field("w0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    engine: Literal["sim", "sglang"] = "sim"
+    engine: Literal["sim", "sglang", "hf"] = "sim"
     # Base URL of the SGLang server this worker drives (engine "sglang"), e.g. http://127.0.0.1:30000.
     sglang_url: str | None = None
+    # Checkpoint directory (config.json + safetensors) the transformers engine serves (engine "hf").
+    model_path: str | None = None
+    # The version of the weights the engine starts with (engine "hf"); fleet updates move it on.
+    weight_version: str = "0"
+    # torch intra-op threads of the transformers engine.
+    threads: int = Field(1, ge=1)
+    # Seeds the transformers engine's sampling (with each request's rid).
+    seed: int = 0
     model: str = "qwen3-8b"
     gpu: str = "h100"
     tp: int = Field(1, ge=1, le=64)

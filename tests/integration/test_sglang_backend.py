@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -21,7 +22,7 @@ from nats.aio.client import Client as NATS
 from loom.bus import kv_key
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
-from loom.engine.sglang_client import SGLangEngine, SGLangError
+from loom.engine.sglang_client import SGLangEngine, SGLangError, WeightUpdateError
 from loom.engine.sglang_server import build_app
 from loom.engine.sim import SimEngine
 from loom.genclient import GenClient
@@ -82,7 +83,12 @@ async def backend() -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
 
 
 def _req(
-    rid: str, n: int = 200, key: str | None = None, input_len: int = 1000, priority: float = 0
+    rid: str,
+    n: int = 200,
+    key: str | None = None,
+    input_len: int = 1000,
+    priority: float = 0,
+    logprobs: bool = False,
 ) -> EngineRequest:
     return EngineRequest(
         rid=rid,
@@ -91,6 +97,7 @@ def _req(
         prefix_key=key or rid,
         ignore_eos=True,
         priority=priority,
+        return_logprob=logprobs,
     )
 
 
@@ -196,13 +203,119 @@ async def test_pause_holds_requests_and_continue_finishes_them(
     await client.resume()
 
 
-async def test_update_weights_changes_the_reported_version(backend: tuple[SimServer, SGLangEngine]) -> None:
+async def test_log_probs_come_back_one_per_output_token(backend: tuple[SimServer, SGLangEngine]) -> None:
     server, client = backend
+    out = await client.generate(_req("lp.0", n=40, logprobs=True))
+    assert out.output_ids is not None and out.output_logprobs is not None
+    assert len(out.output_logprobs) == len(out.output_ids) == 40
+    assert all(lp <= 0 for lp in out.output_logprobs) and len(set(out.output_logprobs)) > 1
+    assert (await client.generate(_req("lp.1", n=40))).output_logprobs is None
+    # SGLang's shape: [logprob, token_id, text] per output token; the prompt's from its last position.
+    body = {
+        "input_ids": [5, 6, 7, 8],
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0.7, "top_p": 0.9},
+        "return_logprob": True,
+    }
+    status, text = await _post(server.url + "/generate", body)
+    meta = json.loads(text)["meta_info"]
+    assert status == 200 and [t[1:] for t in meta["output_token_logprobs"]] == [
+        [i, None] for i in json.loads(text)["output_ids"]
+    ]
+    assert meta["input_token_logprobs"] == [[None, 8, None]]  # the first entry's logprob is always null
+    status, text = await _post(server.url + "/generate", {**body, "logprob_start_len": 0})
+    prompt = json.loads(text)["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in prompt] == [5, 6, 7, 8] and prompt[0][0] is None and prompt[1][0] <= 0
+    status, _ = await _post(server.url + "/generate", {**body, "sampling_params": {"top_p": 0}})
+    assert status == 400
+
+
+async def test_a_two_phase_update_changes_the_reported_version(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    server, client = backend
+    assert (client.weight_version, client.serving_path) == ("default", MODEL)
+    with pytest.raises(ValueError, match="checkpoint path"):
+        await client.prepare_weights("step-7", None)
+    await client.prepare_weights("step-7", "org/ckpt-step-7")  # SGLang loads in place: nothing yet
     assert (await client.generate(_req("w.0", n=5))).weight_version == "default"
-    await client.update_weights("step-7")
+    await client.commit_weights("step-7")
     assert (await client.generate(_req("w.1", n=5))).weight_version == "step-7"
+    assert (client.weight_version, client.serving_path, client.previous_path) == (
+        "step-7",
+        "org/ckpt-step-7",
+        MODEL,
+    )
     async with aiohttp.ClientSession() as s, s.get(server.url + "/get_model_info") as r:
-        assert (await r.json())["weight_version"] == "step-7"
+        info = await r.json()
+    assert (info["weight_version"], info["model_path"]) == ("step-7", "org/ckpt-step-7")
+    await client.prepare_weights("step-8", "org/ckpt-step-8")
+    await client.discard_weights("step-8")
+    with pytest.raises(RuntimeError, match="not prepared"):
+        await client.commit_weights("step-8")
+
+
+async def test_a_request_in_flight_finishes_under_the_new_weights(
+    backend: tuple[SimServer, SGLangEngine], tmp_path: Path
+) -> None:
+    server, client = backend
+    await client.generate(_req("f.0", n=100, key="f"))
+    call = asyncio.create_task(client.generate(_req("f.1", n=100_000, key="f", input_len=1200)))
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    await client.pause()
+    await client.prepare_weights("step-9", str(tmp_path))
+    # Paused in place with a request running: SGLang's cache flush would fail (see the next test), so the
+    # client does not ask for it; the request goes on with its KV.
+    await client.commit_weights("step-9")
+    await client.resume()
+    out = await asyncio.wait_for(call, 20)
+    assert (out.output_len, out.finish_reason, out.weight_version) == (100_000, "length", "step-9")
+    # Once idle, the client flushed the cache the old weights computed: the trajectory prefills it all again.
+    nxt = await client.generate(_req("f.2", n=5, key="f", input_len=101_300))
+    assert (nxt.cached_tokens, nxt.weight_version) == (0, "step-9")
+
+
+async def test_a_failed_update_raises_the_servers_message_and_keeps_the_weights(
+    backend: tuple[SimServer, SGLangEngine], tmp_path: Path
+) -> None:
+    server, client = backend
+    missing = str(tmp_path / "no-such-checkpoint")
+    await client.prepare_weights("step-7", missing)
+    with pytest.raises(WeightUpdateError, match=f"no model directory at {re.escape(missing)}"):
+        await client.commit_weights("step-7")
+    assert (client.weight_version, client.serving_path) == ("default", MODEL)
+    assert (await client.generate(_req("w.0", n=5))).weight_version == "default"
+    status, text = await _post(server.url + "/update_weights_from_disk", {"model_path": missing})
+    assert status == 400 and json.loads(text) == {
+        "success": False,
+        "message": f"Failed to get weights iterator: no model directory at {missing}.",
+        "num_paused_requests": 0,
+    }
+    # SGLang's flush after a load needs an idle scheduler: paused in place with a request running, its
+    # scheduler dies on an assertion; the simulator answers 500.
+    call = asyncio.create_task(client.generate(_req("w.1", n=100_000)))
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    await client.pause()
+    body = {"model_path": str(tmp_path), "weight_version": "step-8"}
+    status, text = await _post(server.url + "/update_weights_from_disk", body)
+    assert status == 500 and "Cache flush failed" in json.loads(text)["message"]
+    await client.resume()
+    await client.abort("w.1")
+    assert (await call).weight_version == "default"
+
+
+async def test_an_update_not_paused_waits_for_the_requests_in_flight(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    server, client = backend
+    call = asyncio.create_task(client.generate(_req("u.0", n=20_000)))
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    update = asyncio.create_task(
+        _post(server.url + "/update_weights_from_disk", {"model_path": "org/next", "weight_version": "v2"})
+    )
+    out = await asyncio.wait_for(call, 20)
+    assert out.weight_version == "default"  # SGLang's model-update lock: the load waited for it
+    assert (await asyncio.wait_for(update, 5))[0] == 200
+    assert (await client.generate(_req("u.1", n=5))).weight_version == "v2"
 
 
 async def test_load_figures_move(backend: tuple[SimServer, SGLangEngine]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -96,6 +97,33 @@ def test_kv_bounded_and_every_request_gets_exactly_its_tokens(workload: list, ar
             assert (o.finish_reason, o.output_len) == ("length", max_new)
         assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
     assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert_idle(core)
+
+
+@given(workload=st.lists(request, min_size=1, max_size=40), args=core_args)
+@PROPS
+def test_weight_commits_keep_kv_bounded_and_every_request_exact(workload: list, args: dict) -> None:
+    core = SimCore(PERF, **args)
+    outs: list[EngineOutput] = []
+    commits: list[float] = []
+    t = 0.0
+    for i, (input_len, max_new, priority, key, gap, commit) in enumerate(workload):
+        t += gap
+        outs += core.advance(t)
+        core.submit(EngineRequest(f"r{i}", input_len, max_new, prefix_key=key, priority=priority), t)
+        if commit:
+            core.commit_weights(f"v{len(commits) + 1}", t)
+            commits.append(t)
+            check(core)
+            assert core.cache.tokens == 0 and core.load().running == 0
+            assert core.host is None or core.host.tokens == 0
+    outs += drain(core)
+    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
+    for o in outs:
+        assert (o.finish_reason, o.output_len) == ("length", workload[int(o.rid[1:])][1])
+        assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
+    assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert core.weight_version == (f"v{len(commits)}" if commits else "")
     assert_idle(core)
 
 
@@ -246,6 +274,54 @@ def test_retracted_request_keeps_its_cached_prefix() -> None:
     assert core.retractions == 1
     assert (outs["low"].output_len, outs["high"].output_len) == (400, 500)
     assert core.cache.length("low") == 900
+
+
+def _next_step(commit: str | None, flush_cache: bool = True) -> tuple[SimCore, EngineOutput]:
+    """A trajectory's second call, after its first and, with ``commit``, new weights between the two."""
+    core = SimCore(PERF_8B, kv_capacity=50_000, host_kv_tokens=100_000)
+    core.submit(EngineRequest("t.0", 3000, 500, prefix_key="t"), 0.0)
+    drain(core)
+    if commit is not None:
+        core.commit_weights(commit, core.now, flush_cache)
+    start = core.now
+    core.submit(EngineRequest("t.1", 3600, 20, prefix_key="t"), start)
+    (out,) = drain(core)
+    assert core.now - start == pytest.approx(out.queue_s + out.prefill_s + out.decode_s)
+    return core, out
+
+
+def test_a_weight_commit_flushes_the_prefix_cache_and_its_host_tier() -> None:
+    _, warm = _next_step(None)
+    assert (warm.cached_tokens, warm.weight_version) == (3500, "")
+    core, cold = _next_step("v2")
+    assert (cold.cached_tokens, cold.weight_version) == (0, "v2")
+    assert core.loaded_tokens == 0  # nothing came back from the host tier either
+    assert cold.prefill_s > warm.prefill_s
+    assert cold.prefill_s == pytest.approx(PERF_8B.iteration_time(3600, 0, 0))
+    _, stale = _next_step("v2", flush_cache=False)  # SGLang told not to flush: the old KV stays in use
+    assert (stale.cached_tokens, stale.weight_version, stale.prefill_s) == (3500, "v2", warm.prefill_s)
+
+
+def test_sequences_running_at_a_weight_commit_recompute_their_context() -> None:
+    def run(commit_at: float | None) -> tuple[EngineOutput, int]:
+        core = SimCore(PERF_8B, kv_capacity=50_000)
+        core.submit(EngineRequest("r", 2000, 400, prefix_key="r"), 0.0)
+        generated = 0
+        if commit_at is not None:
+            core.advance(commit_at)
+            generated = core.generated_tokens
+            core.commit_weights("v2", commit_at)
+            assert (core.load().running, core.load().waiting, core.kv_used_tokens) == (0, 1, 0)
+        (out,) = drain(core)
+        assert core.generated_tokens == out.output_len == 400
+        return out, generated
+
+    plain, _ = run(None)
+    updated, generated = run(0.5)
+    assert 0 < generated < 400 and updated.weight_version == "v2"
+    recompute = PERF_8B.iteration_time(2000 + generated, 0, 0)
+    assert updated.prefill_s == pytest.approx(plain.prefill_s + recompute)
+    assert updated.cached_tokens == plain.cached_tokens == 0
 
 
 def _evicted_then_resumed(host_kv_tokens: int) -> tuple[SimCore, EngineOutput, int]:
@@ -473,11 +549,48 @@ async def test_pause_holds_progress(engine: SimEngine) -> None:
     assert out.decode_s > 50
 
 
-async def test_update_weights_tags_outputs(engine: SimEngine) -> None:
+async def test_prepare_commit_and_discard_weights(engine: SimEngine, tmp_path: Path) -> None:
     before = await engine.generate(EngineRequest("a", 10, 5))
-    await engine.update_weights("v2")
+    await engine.prepare_weights("v2", None)
+    await engine.commit_weights("v2")
     after = await engine.generate(EngineRequest("b", 10, 5))
-    assert (before.weight_version, after.weight_version) == ("", "v2")
+    assert (before.weight_version, after.weight_version, after.output_logprobs) == ("", "v2", None)
+    await engine.prepare_weights("v3", str(tmp_path))
+    await engine.discard_weights("v3")
+    with pytest.raises(RuntimeError, match="not prepared"):
+        await engine.commit_weights("v3")
+    assert engine.serving_path is None
+    await engine.prepare_weights("v3", str(tmp_path))
+    await engine.commit_weights("v3")
+    assert engine.serving_path == str(tmp_path)
+
+
+async def test_preparing_a_missing_checkpoint_fails_and_keeps_the_version(
+    engine: SimEngine, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        await engine.prepare_weights("v2", str(tmp_path / "missing"))
+    with pytest.raises(RuntimeError, match="not prepared"):
+        await engine.commit_weights("v2")
+    assert (await engine.generate(EngineRequest("a", 10, 5))).weight_version == ""
+
+
+async def test_a_request_running_across_a_weight_update_recomputes_its_context(engine: SimEngine) -> None:
+    ref = await engine.generate(EngineRequest("ref", 1000, 10))  # the same prefill, alone, no update
+    task = asyncio.create_task(engine.generate(EngineRequest("long", 1000, 100_000)))
+    await asyncio.sleep(0.02)  # 20 simulated seconds: decoding, a long way from the end
+    await engine.pause()
+    generated = engine.load().generated_tokens - 10
+    assert 0 < generated < 100_000
+    await engine.prepare_weights("v2", None)
+    await engine.commit_weights("v2")
+    assert engine.core.cache.tokens == 0
+    await engine.resume()
+    out = await task
+    assert (out.output_len, out.finish_reason, out.weight_version) == (100_000, "length", "v2")
+    # Its prefill time counts its first prefill and the recomputation of its whole context at the update.
+    recompute = engine.perf.iteration_time(1000 + generated, 0, 0)
+    assert out.prefill_s == pytest.approx(ref.prefill_s + recompute)
 
 
 async def test_warm_prefix_caches_the_context(engine: SimEngine) -> None:

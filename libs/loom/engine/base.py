@@ -27,6 +27,10 @@ class EngineRequest:
     ignore_eos: bool = False
     # Larger value = served first (SGLang's convention with --enable-priority-scheduling).
     priority: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # Also return the log-probability of every sampled token under the distribution it was sampled from.
+    return_logprob: bool = False
 
 
 @dataclass
@@ -40,6 +44,7 @@ class EngineOutput:
     decode_s: float = 0.0
     cached_tokens: int = 0
     weight_version: str = ""
+    output_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -71,8 +76,19 @@ class Engine(Protocol):
     async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
         """Prefill ``input_len`` tokens of ``prefix_key`` into the prefix cache (migration target warm-up)."""
 
-    async def update_weights(self, version: str) -> None: ...
+    async def prepare_weights(self, version: str, path: str | None) -> None:
+        """Load and check the checkpoint at ``path`` beside the weights serving now, without switching.
 
-    async def pause(self) -> None: ...
+        Raises (and keeps serving the old weights) when they cannot serve: the first phase of a fleet update,
+        which switches no worker unless every worker prepared."""
+
+    async def commit_weights(self, version: str) -> None:
+        """Serve the prepared weights as ``version`` from now on; requests in flight continue under them."""
+
+    async def discard_weights(self, version: str) -> None:
+        """Drop weights prepared for ``version`` (another worker failed to prepare)."""
+
+    async def pause(self) -> None:
+        """Hold every request where it is (queued and running ones wait, none fails) until ``resume``."""
 
     async def resume(self) -> None: ...

@@ -3,6 +3,16 @@
 The server must run with ``--enable-metrics`` (load figures come from its Prometheus ``/metrics``) and,
 for Loom's queue order to reach the GPU, ``--enable-priority-scheduling``. Start-up reads both settings
 from ``/get_server_info`` and fails, or warns, when they are missing.
+
+Log-probabilities (``return_logprob``) are SGLang's ``meta_info.output_token_logprobs``: by default those of
+the distribution the token was sampled from after temperature scaling (``log_softmax(logits / T)``, before
+top-p/top-k truncation); a server started with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` returns those of the raw
+logits instead (python/sglang/srt/layers/sampler.py upstream).
+
+Weights: SGLang loads a checkpoint in place (``/update_weights_from_disk``) and has no separate check, so
+``prepare_weights`` only records the path and ``commit_weights`` loads it; a load that fails keeps the old
+weights (SGLang rolls back) and raises with SGLang's message. ``serving_path`` and ``previous_path`` let a
+fleet that committed part of its workers load the old checkpoint back.
 """
 
 from __future__ import annotations
@@ -38,6 +48,10 @@ class SGLangError(RuntimeError):
     """The SGLang server could not be reached, or answered with an error other than a bad request."""
 
 
+class WeightUpdateError(SGLangError):
+    """SGLang could not load a checkpoint (``success`` false); it keeps serving the weights it had."""
+
+
 def wire_rid(rid: str) -> str:
     """The rid sent to SGLang. Its scheduler aborts every queued request whose rid *starts with* the one
     given, so rids must be prefix-free ("a.1" would take "a.10" with it); a length prefix makes them so."""
@@ -50,7 +64,6 @@ class SGLangEngine:
         url: str,
         model: str = "qwen3-8b",
         gpu: str = "h100",
-        temperature: float = 1.0,
         poll_s: float = 0.5,
         vocab: int = QWEN3_ORDINARY,
     ) -> None:
@@ -58,10 +71,18 @@ class SGLangEngine:
         # ``model`` is Loom's name for what the server runs (placement keys on it); SGLang knows only a path.
         # The real figures replace these in start(); until then the worker reports an empty engine.
         self.info = EngineInfo(kind="sglang", model=model, gpu=gpu, tp=1, max_running=0, kv_capacity_tokens=0)
-        self.temperature = temperature
         self.poll_s = poll_s
         self.vocab = vocab
         self.weight_version = ""
+        # The checkpoint SGLang serves (its model_path) and the one before the last commit: a fleet whose
+        # update failed on another worker loads the previous one back.
+        self.serving_path = ""
+        self.previous_path = ""
+        self._pending: dict[str, str] = {}  # checkpoint paths prepared, by weight version
+        self._paused = False
+        # Committed without flushing the radix cache (requests were running while paused in place): the KV
+        # cached from the old weights is flushed once this client has nothing in flight.
+        self._stale_cache = False
         self._priority_sign = 0  # 0: the server ignores priorities, so none is sent
         self._contexts = ContextIds(0, vocab)
         self._inflight: set[str] = set()
@@ -115,10 +136,14 @@ class SGLangEngine:
             "sampling_params": {
                 "max_new_tokens": req.max_new_tokens,
                 "ignore_eos": req.ignore_eos,
-                "temperature": self.temperature,
+                "temperature": req.temperature,
+                "top_p": req.top_p,
             },
             "stream": False,
         }
+        if req.return_logprob:
+            # logprob_start_len left at SGLang's default (-1): the output tokens' only; no top-k.
+            body["return_logprob"] = True
         if self._priority_sign:
             # SGLang takes integers; Loom's priorities are remaining-token estimates, so rounding is lossless
             # for ordering. (SGLang preempts a running request only for a priority higher by more than
@@ -134,7 +159,9 @@ class SGLangEngine:
             raise
         finally:
             self._inflight.discard(rid)
-        result = self._output(req.rid, out)
+        if self._stale_cache and not self._inflight and not self._paused:
+            await self._flush_stale_cache()
+        result = self._output(req.rid, out, req.return_logprob)
         if req.input_ids is None:  # live requests carry the real context; replayed ones repeat this one
             self._contexts.remember(key, ids + (result.output_ids or []))
         return result
@@ -156,21 +183,62 @@ class SGLangEngine:
             EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
         )
 
-    async def update_weights(self, version: str) -> None:
-        # A Loom weight version names the checkpoint SGLang loads; it is also recorded as SGLang's
-        # weight_version, which every response then carries.
-        await self._json(
-            "POST", "/update_weights_from_disk", {"model_path": version, "weight_version": version}
-        )
+    async def prepare_weights(self, version: str, path: str | None) -> None:
+        # SGLang loads in place, at the commit: nothing to load beside the serving weights here.
+        if not path:
+            raise ValueError(f"weight version {version!r} needs a checkpoint path for SGLang to load")
+        self._pending[version] = path
+
+    async def commit_weights(self, version: str) -> None:
+        path = self._pending.get(version)
+        if path is None:
+            raise RuntimeError(f"weight version {version!r} was not prepared")
+        # SGLang's flush after the load needs an idle scheduler: paused in place with requests running, it
+        # fails and the scheduler dies on an assertion. Not paused, SGLang waits for the requests in flight
+        # to finish before it loads, so the flush finds it idle. The requests a paused update leaves
+        # running keep the KV of their context from the old weights (SGLang does not recompute it).
+        flush = not (self._paused and self._inflight)
+        body = {
+            "model_path": path,
+            "weight_version": version,  # every response's meta_info carries it from now on
+            "abort_all_requests": False,  # requests in flight continue under the new weights
+            "flush_cache": flush,
+        }
+        status, out = await self._answer("POST", "/update_weights_from_disk", body)
+        if not (isinstance(out, dict) and out.get("success")):
+            message = out.get("message") if isinstance(out, dict) else out
+            raise WeightUpdateError(
+                f"{self.url} could not load {path!r} as weight version {version!r} (HTTP {status}): {message}"
+            )
+        del self._pending[version]
+        self.previous_path, self.serving_path = self.serving_path, path
         self.weight_version = version
+        self._stale_cache = self._stale_cache or not flush
+
+    async def discard_weights(self, version: str) -> None:
+        self._pending.pop(version, None)
 
     async def pause(self) -> None:
         # SGLang's default mode aborts everything in flight; "in_place" keeps requests and their KV, as the
         # simulator's pause does. (Servers older than the mode field ignore it and abort.)
         await self._json("POST", "/pause_generation", {"mode": "in_place"})
+        self._paused = True
 
     async def resume(self) -> None:
         await self._json("POST", "/continue_generation", {})
+        self._paused = False
+        if self._stale_cache and not self._inflight:
+            await self._flush_stale_cache()
+
+    async def _flush_stale_cache(self) -> None:
+        """Drop the radix cache computed by old weights. SGLang refuses (HTTP 400) unless it is idle, as it
+        is not if another request came in meanwhile: then the next idle moment tries again."""
+        try:
+            await self._text("POST", "/flush_cache")
+        except (ValueError, SGLangError) as e:
+            log.debug("flushing %s after a weight update: %s", self.url, e)
+            return
+        self._stale_cache = False
 
     # Start-up and load
 
@@ -196,6 +264,7 @@ class SGLangEngine:
             kv_capacity_tokens=capacity,
         )
         self.weight_version = str(model.get("weight_version") or "")
+        self.serving_path = str(model.get("model_path") or "")
         self._contexts = ContextIds(capacity, self.vocab)
 
     async def _poll(self) -> None:
@@ -230,12 +299,13 @@ class SGLangEngine:
 
     # Responses
 
-    def _output(self, rid: str, out: dict[str, Any]) -> EngineOutput:
+    def _output(self, rid: str, out: dict[str, Any], logprobs: bool = False) -> EngineOutput:
         meta = out["meta_info"]
         reason = (meta.get("finish_reason") or {}).get("type")
         finish: Literal["length", "stop", "abort"] = reason if reason in ("length", "abort") else "stop"
         output_ids = out.get("output_ids")
         queue_s, prefill_s, decode_s = _phases(meta)
+        output_logprobs = _logprobs(self.url, rid, meta, output_ids) if logprobs else None
         return EngineOutput(
             rid=rid,
             output_len=int(meta.get("completion_tokens", len(output_ids or ()))),
@@ -246,6 +316,7 @@ class SGLangEngine:
             decode_s=decode_s,
             cached_tokens=int(meta.get("cached_tokens", 0)),
             weight_version=str(meta.get("weight_version") or self.weight_version),
+            output_logprobs=output_logprobs,
         )
 
     # HTTP
@@ -257,12 +328,33 @@ class SGLangEngine:
         text = await self._text(method, path, body)
         return json.loads(text) if text else {}
 
-    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
-        if self._session is None:
-            raise RuntimeError("SGLangEngine is not running: await start() first")
+    async def _answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """Status and JSON body of an endpoint that reports failure in its body (``success``, ``message``),
+        with HTTP 400, as SGLang's weight updates do."""
+        session = self._require_session()
         url = self.url + path
         try:
-            async with self._session.request(method, url, json=body) as resp:
+            async with session.request(method, url, json=body) as resp:
+                text = await resp.text()
+        except aiohttp.ClientError as e:
+            raise SGLangError(f"{method} {url}: {e}") from e
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            if resp.status >= 300:
+                raise SGLangError(f"{method} {url}: HTTP {resp.status}: {text.strip()}") from None
+            raise SGLangError(f"{method} {url}: not JSON: {text.strip()[:200]}") from None
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("SGLangEngine is not running: await start() first")
+        return self._session
+
+    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        session = self._require_session()
+        url = self.url + path
+        try:
+            async with session.request(method, url, json=body) as resp:
                 text = await resp.text()
         except aiohttp.ClientError as e:
             raise SGLangError(f"{method} {url}: {e}") from e
@@ -286,6 +378,23 @@ def _phases(meta: dict[str, Any]) -> tuple[float, float, float]:
     decode = (tokens - 1) / throughput if throughput > 0 and tokens > 1 else 0.0
     decode = min(decode, e2e - queue)
     return queue, e2e - queue - decode, decode
+
+
+def _logprobs(url: str, rid: str, meta: dict[str, Any], output_ids: list[int] | None) -> list[float] | None:
+    """The log-probability of each output token, from SGLang's ``output_token_logprobs``: one
+    [logprob, token_id, text or null] triple per output token, in order."""
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        if (meta.get("finish_reason") or {}).get("type") == "abort":
+            return None  # aborted before SGLang attached any
+        raise SGLangError(f"{url}: request {rid!r} asked for log-probs and got no output_token_logprobs")
+    ids = [int(t[1]) for t in triples]
+    if output_ids is not None and ids != output_ids:
+        raise SGLangError(
+            f"{url}: the {len(ids)} log-probs of request {rid!r} are not those of its {len(output_ids)} "
+            "output ids"
+        )
+    return [float(t[0]) for t in triples]
 
 
 def _message(text: str) -> str:

@@ -3,14 +3,27 @@
 It answers SGLang's native endpoints with SGLang's request and response shapes (python/sglang/srt/
 entrypoints/http_server.py and managers/io_struct.py upstream): /generate (JSON, or SSE when streamed),
 /abort_request, /pause_generation, /continue_generation, /update_weights_from_disk, /flush_cache,
-/get_model_info, /get_server_info, /get_load, /health, /health_generate, and /metrics in Prometheus text
-with SGLang's metric names. It behaves as SGLang started with --enable-priority-scheduling and
---enable-metrics. Times, in responses and metrics, are simulated seconds.
+/get_model_info, /get_weight_version, /get_server_info, /get_load, /health, /health_generate, and /metrics
+in Prometheus text with SGLang's metric names. It behaves as SGLang started with
+--enable-priority-scheduling and --enable-metrics. Times, in responses and metrics, are simulated seconds.
 
 The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``,
 ``text`` is always "", and ``output_ids`` are placeholders, a pseudo-random stream seeded by the input ids
 (like greedy decoding: the same input gives the same output). Requests must carry ``input_ids``; there is
-no tokenizer.
+no tokenizer. With ``return_logprob`` the log-probabilities are placeholders too, deterministic in the same
+way, in SGLang's shape: ``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output
+token, ``input_token_logprobs`` the same for the prompt from ``logprob_start_len`` (-1: its last position)
+on, the first entry's logprob null, as SGLang's. Top-k log-probs are refused.
+
+Weight updates (/update_weights_from_disk) follow SGLang's http_server and scheduler: not paused, the update
+waits for the requests in flight and holds new ones (SGLang's model-update lock); paused, it loads at once.
+A ``model_path`` that names a local path (absolute, or starting with ./, ../ or ~) must be an existing
+directory, else the load fails as SGLang's does: HTTP 400, ``success`` false and SGLang's message, the old
+weights kept. Any other string stands for a checkpoint that loads. After the load the cache is flushed
+(``flush_cache``, default true: the running requests recompute their context, see ``SimCore``; false keeps
+the old KV in use). Paused "in_place" or "retract" with requests in flight, SGLang's flush fails and its
+scheduler stops on an assertion, which this server answers with HTTP 500 instead. Pause modes: "abort"
+aborts what is in flight, "in_place" and "retract" both hold requests where they are.
 """
 
 from __future__ import annotations
@@ -20,6 +33,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
+import os
 import signal
 import socket
 import time
@@ -64,6 +79,9 @@ class GenerateReqInput(BaseModel):
     input_ids: list[int] | list[list[int]] | None = None
     rid: str | None = None
     sampling_params: dict[str, Any] | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
     stream: bool = False
     priority: int | None = None
 
@@ -77,6 +95,7 @@ class UpdateWeightFromDiskReqInput(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model_path: str
+    load_format: str | None = None
     weight_version: str | None = None
     abort_all_requests: bool = False
     flush_cache: bool = True
@@ -84,6 +103,12 @@ class UpdateWeightFromDiskReqInput(BaseModel):
 
 class PauseGenerationReqInput(BaseModel):
     mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationReqInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    torch_empty_cache: bool = True
 
 
 class _Metrics:
@@ -177,22 +202,33 @@ class _SimServer:
         self.keys = ContextKeys(engine.info.kv_capacity_tokens)
         self.metrics = _Metrics(engine.info.model)
         self.inflight: set[str] = set()
+        self.pause_mode: str | None = None  # PauseGenerationReqInput.mode while paused
+        # SGLang's model-update lock: generations hold it as readers, an update not paused as the writer,
+        # which waits for the readers to leave and keeps new ones out.
+        self._readers = 0
+        self._no_readers = asyncio.Event()
+        self._no_readers.set()
+        self._no_writer = asyncio.Event()
+        self._no_writer.set()
+        self._updating = asyncio.Lock()
 
     # Generation
 
     async def generate(self, obj: GenerateReqInput, request: Request) -> Response:
         try:
-            req, ids = self._request(obj)
+            req, ids, start = self._request(obj)
         except ValueError as e:
             return _error(e)
         if obj.stream:
-            return StreamingResponse(self._stream(req, ids, request), media_type="text/event-stream")
+            return StreamingResponse(self._stream(req, ids, start, request), media_type="text/event-stream")
         try:
-            return JSONResponse(await self._complete(req, ids, request))
+            return JSONResponse(await self._complete(req, ids, start, request))
         except ValueError as e:
             return _error(e)
 
-    def _request(self, obj: GenerateReqInput) -> tuple[EngineRequest, list[int]]:
+    def _request(self, obj: GenerateReqInput) -> tuple[EngineRequest, list[int], int | None]:
+        """The engine's request, the input ids, and the first prompt position whose log-probability the
+        response reports (None: no log-probs asked for)."""
         if obj.text is not None:
             raise ValueError("the simulator has no tokenizer: send input_ids instead of text")
         if not obj.input_ids:
@@ -204,38 +240,79 @@ class _SimServer:
         max_new = params.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
         if not isinstance(max_new, int) or max_new < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new!r}")
+        # SGLang's SamplingParams.verify: temperature >= 0 (0 is greedy), top_p in (0, 1].
+        temperature, top_p = params.get("temperature", 1.0), params.get("top_p", 1.0)
+        if not isinstance(temperature, int | float) or temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}.")
+        if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+        start = None
+        if obj.return_logprob:
+            if obj.top_logprobs_num:
+                raise ValueError("the simulator returns no top-k log-probs: send top_logprobs_num 0")
+            start = len(ids) - 1 if obj.logprob_start_len in (None, -1) else obj.logprob_start_len
+            if not 0 <= start < len(ids):
+                raise ValueError(
+                    f"logprob_start_len ({obj.logprob_start_len}) must be -1 or a position of the "
+                    f"input ({len(ids)} tokens)"
+                )
         req = EngineRequest(
             rid=obj.rid or uuid.uuid4().hex,
             input_len=len(ids),
             max_new_tokens=max_new,
             ignore_eos=bool(params.get("ignore_eos", False)),
             priority=float(obj.priority or 0),
+            temperature=float(temperature),
+            top_p=float(top_p),
+            return_logprob=start is not None,
         )
-        return req, ids
+        return req, ids, start
 
-    async def _stream(self, req: EngineRequest, ids: list[int], request: Request) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, req: EngineRequest, ids: list[int], start: int | None, request: Request
+    ) -> AsyncIterator[bytes]:
         # The simulator reports a request only when it ends, so the stream carries one chunk: the final one.
         try:
-            yield _sse(await self._complete(req, ids, request))
+            yield _sse(await self._complete(req, ids, start, request))
         except ValueError as e:
             yield _sse({"error": {"message": str(e)}})
         yield b"data: [DONE]\n\n"
 
-    async def _complete(self, req: EngineRequest, ids: list[int], request: Request) -> dict[str, Any]:
+    async def _complete(
+        self, req: EngineRequest, ids: list[int], start: int | None, request: Request
+    ) -> dict[str, Any]:
+        await self._no_writer.wait()  # a weight update is waiting for the requests in flight
         if req.rid in self.inflight:
             raise ValueError(f"Duplicate request ID: {req.rid} is already running")
         req.prefix_key = self.keys.acquire(ids)
         computed = ids
         self.inflight.add(req.rid)
+        self._readers += 1
+        self._no_readers.clear()
         try:
             out = await self._run(req, request)
-            output_ids = synth_ids(_seed(ids), out.output_len)
+            seed = _seed(ids)
+            output_ids = synth_ids(seed, out.output_len)
             computed = ids + output_ids
         finally:
             self.inflight.discard(req.rid)
             self.keys.release(req.prefix_key, computed)
+            self._readers -= 1
+            if not self._readers:
+                self._no_readers.set()
         self.metrics.finished(len(ids), out)
-        return {"text": "", "output_ids": output_ids, "meta_info": self._meta(req, len(ids), out)}
+        meta = self._meta(req, len(ids), out)
+        if start is not None:
+            # [logprob, token_id, text]: text only with return_text_in_logprobs, which needs a tokenizer.
+            logprobs = _synth_logprobs(seed + "/out", out.output_len)
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)
+            ]
+            prompt = _synth_logprobs(seed + "/in", len(ids))
+            meta["input_token_logprobs"] = [
+                [prompt[i] if i > start else None, ids[i], None] for i in range(start, len(ids))
+            ]
+        return {"text": "", "output_ids": output_ids, "meta_info": meta}
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
         run = asyncio.create_task(self.engine.generate(req), name=f"sim-{req.rid}")
@@ -286,33 +363,62 @@ class _SimServer:
 
     async def pause_generation(self, obj: PauseGenerationReqInput | None = None) -> JSONResponse:
         # "retract" and "in_place" both keep requests; the simulator's pause holds them in place.
-        if (obj or PauseGenerationReqInput()).mode == "abort":
+        mode = (obj or PauseGenerationReqInput()).mode
+        if mode == "abort":
             for rid in list(self.inflight):
                 await self.engine.abort(rid)
         await self.engine.pause()
+        self.pause_mode = mode
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def continue_generation(self) -> JSONResponse:
+    async def continue_generation(self, obj: ContinueGenerationReqInput | None = None) -> JSONResponse:
         await self.engine.resume()
+        self.pause_mode = None
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weights_from_disk(self, obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
         if not obj.model_path:
-            return JSONResponse(
-                {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
-            )
+            return _update_answer(False, "model_path is required")
         if obj.abort_all_requests:
             for rid in list(self.inflight):
                 await self.engine.abort(rid)
-        self.model_path = obj.model_path
+        async with self._updating:
+            if self.pause_mode is not None:  # SGLang loads at once when paused
+                return await self._load(obj)
+            self._no_writer.clear()
+            try:
+                await self._no_readers.wait()
+                return await self._load(obj)
+            finally:
+                self._no_writer.set()
+
+    async def _load(self, obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
+        path = obj.model_path
+        if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(_is_dir, path):
+            # SGLang's loader finds no weights there: its model runner answers this, keeping the old weights.
+            return _update_answer(False, f"Failed to get weights iterator: no model directory at {path}.")
+        load = self.engine.load()
+        if obj.flush_cache and self.pause_mode in ("in_place", "retract") and load.running + load.waiting:
+            # SGLang loads the weights, then its cache flush finds requests in the batch or, retracted, in
+            # the queue, and the scheduler stops on `assert flush_cache_success`: the server is gone.
+            # Refused here, loudly, instead.
+            message = (
+                f"Cache flush failed after updating weights: requests are in flight while generation is "
+                f"paused ({self.pause_mode}), so send flush_cache false; SGLang's scheduler dies on this "
+                "assertion"
+            )
+            log.error(message)
+            return _update_answer(False, message, status=500)
+        self.model_path = path
         message = "Succeeded to update model weights."
         if obj.weight_version is not None:
             self.weight_version = obj.weight_version
             message += f" Weight version updated to {obj.weight_version}."
-        await self.engine.update_weights(self.weight_version)
+        await self.engine.prepare_weights(self.weight_version, None)
+        await self.engine.commit_weights(self.weight_version, flush_cache=obj.flush_cache)
         if obj.flush_cache:
             self.keys.clear()
-        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+        return _update_answer(True, message)
 
     async def flush_cache(self) -> PlainTextResponse:
         # Forgetting every context key makes the cached prefixes unreachable; the simulator evicts them.
@@ -346,6 +452,9 @@ class _SimServer:
             "preferred_sampling_params": None,
             "weight_version": self.weight_version,
         }
+
+    async def get_weight_version(self) -> dict[str, Any]:
+        return {"weight_version": self.weight_version}
 
     async def get_server_info(self) -> dict[str, Any]:
         info = self.engine.info
@@ -397,6 +506,7 @@ def build_app(engine: SimEngine) -> FastAPI:
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/health_generate", server.health_generate, methods=["GET"])
     app.add_api_route("/get_model_info", server.get_model_info, methods=["GET"])
+    app.add_api_route("/get_weight_version", server.get_weight_version, methods=["GET"])
     app.add_api_route("/get_server_info", server.get_server_info, methods=["GET"])
     app.add_api_route("/get_load", server.get_load, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
@@ -432,6 +542,22 @@ async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: floa
 
 def _seed(ids: list[int]) -> str:
     return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(os.path.expanduser(path))
+
+
+def _synth_logprobs(key: str, n: int) -> list[float]:
+    """``n`` placeholder log-probabilities, each the log of a uniform draw in (0, 1] from ``key``'s stream:
+    at most 0, about -1 on average, the same for the same key."""
+    return [math.log((w + 1) / 2**32) for w in synth_ids(key, n, vocab=2**32)]
+
+
+def _update_answer(success: bool, message: str, status: int | None = None) -> JSONResponse:
+    """SGLang's answer to a weight update: 200 on success, else 400, with the same body."""
+    body = {"success": success, "message": message, "num_paused_requests": 0}
+    return JSONResponse(body, status_code=status or (200 if success else 400))
 
 
 def _sse(body: dict[str, Any]) -> bytes:

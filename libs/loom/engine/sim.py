@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
@@ -18,6 +19,9 @@ class SimEngine:
 
     One background task advances the core to the clock, resolves finished requests, then sleeps until the
     core's next event or until a submission, abort or control call wakes it.
+
+    Outputs carry token counts, not token ids (trace replay has lengths only), so no log-probs either; the
+    SGLang-compatible server over it (``sglang_server``) synthesizes both.
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class SimEngine:
         self._paused = False
         self._closed = False
         self._warm_ids = itertools.count()
+        self._prepared: dict[str, str | None] = {}  # checkpoints prepared, by weight version
+        self.serving_path: str | None = None  # the checkpoint committed last (None: the initial weights)
 
     async def start(self) -> None:
         if self._closed:
@@ -112,10 +118,28 @@ class SimEngine:
         await self.clock.sleep(lands - self.clock.now())
         self._catch_up()
 
-    async def update_weights(self, version: str) -> None:
-        # Requests finished before the update carry the old version.
+    async def prepare_weights(self, version: str, path: str | None) -> None:
+        """The simulator has no weights to load: any checkpoint will do, or none, but a ``path`` that does not
+        exist fails as a real engine's load would (tests of a failing worker give one)."""
+        if path is not None and not await asyncio.to_thread(os.path.exists, path):
+            raise FileNotFoundError(f"no checkpoint at {path!r} for weight version {version!r}")
+        self._prepared[version] = path
+
+    async def commit_weights(self, version: str, flush_cache: bool = True) -> None:
+        """Serve ``version``: requests finished before keep the old version, later ones carry the new one.
+
+        The KV cached so far is stale: it is flushed and the requests running now recompute their context
+        before they decode on, at prefill cost (``SimCore.commit_weights``). ``flush_cache`` false keeps
+        the old KV in use, as SGLang does when told not to flush."""
+        if version not in self._prepared:
+            raise RuntimeError(f"weight version {version!r} was not prepared")
+        self.serving_path = self._prepared.pop(version)
         self._catch_up()
-        self.core.weight_version = version
+        self.core.commit_weights(version, self.clock.now(), flush_cache)
+        self._wake.set()
+
+    async def discard_weights(self, version: str) -> None:
+        self._prepared.pop(version, None)
 
     async def pause(self) -> None:
         self._catch_up()

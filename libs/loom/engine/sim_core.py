@@ -15,6 +15,9 @@ With a host tier (SGLang's HiCache, ``--enable-hierarchical-cache --hicache-rati
 cache evicts is kept in host memory, R times the device pool, and a request admitted later loads it back
 over the GPUs' host links instead of recomputing it. The load overlaps the iteration layer by layer, so
 that iteration lasts the longer of its compute and the transfer.
+
+New weights (``commit_weights``) make every cached KV stale: the caches are emptied and the running
+sequences recompute their context before decoding on, each at the prefill cost of the performance model.
 """
 
 from __future__ import annotations
@@ -242,6 +245,33 @@ class SimCore:
         self._seq += 1
         heapq.heappush(self._imports, (lands, self._seq, prefix_key, tokens))
         return lands
+
+    def commit_weights(self, version: str, now: float, flush_cache: bool = True) -> None:
+        """Serve new weights as ``version`` from ``now``; requests finished before keep the old version.
+
+        Every KV computed so far came from the old weights, so with ``flush_cache`` it all goes: the prefix
+        cache and its host tier are emptied (a trajectory's next call prefills its whole context again),
+        transfers still landing are dropped, and each running sequence goes back to the queue without its
+        KV, so that it recomputes its context (prompt and tokens generated so far) as a prefill before it
+        decodes further. Nothing loses its place: the queue orders by priority, then submission. Without ``flush_cache`` only the version changes and the old KV stays in use (SGLang
+        updated with ``flush_cache`` false)."""
+        self.weight_version = version
+        if not flush_cache:
+            return
+        self.stall(now)
+        for s in list(self._running.values()):
+            self._leave_running(s, self._now, keep_cache=False)
+            s.prefill_left = 0
+            s.state = _WAITING
+            self._waiting += 1
+            heapq.heappush(self._queue, (-s.req.priority, s.seq, s.req.rid))
+        spill, self.cache.on_evict = self.cache.on_evict, None  # stale KV is not kept on the host either
+        self.cache.evict(self.cache.tokens)
+        self.cache.on_evict = spill
+        if self.host is not None:
+            self.host.evict(self.host.tokens)
+        self._imports.clear()
+        self._loading = 0
 
     def stall(self, until: float) -> None:
         """Let simulated time pass with no iterations (a paused engine); queued work keeps waiting."""

@@ -78,9 +78,11 @@ class VirtualSim:
             self._mark(engine)
 
     def update_weights(self, engine: int, version: str) -> None:
-        """Tag ``engine``'s outputs from now on with ``version``; those finished before keep the old one."""
+        """Serve ``version`` on ``engine`` from now on: outputs finished before keep the old version, and the
+        stale KV is flushed, the running requests recomputing their context (``SimCore.commit_weights``)."""
         self._catch_up(engine)
-        self.engines[engine].weight_version = version
+        self.engines[engine].commit_weights(version, self.now)
+        self._mark(engine)
 
     def migrate_prefix(
         self,
