@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
@@ -44,6 +44,11 @@ class DeployConfig:
     gpu: str = "h100"
     tp: int = 1
     log_level: str = "INFO"
+    # Rollout engine kind ("sim", or "hf" for real weights on the CPU from ``model_path``).
+    engine: str = "sim"
+    model_path: str | None = None
+    # Extra environment for every service (e.g. the data directories a training run reads).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 class Deployment:
@@ -61,6 +66,7 @@ class Deployment:
             "LOOM_CLOCK_EPOCH": repr(self.epoch),
             "LOOM_LOG_LEVEL": self.cfg.log_level,
             "PYTHONUNBUFFERED": "1",
+            **self.cfg.extra_env,
         }
         py = [sys.executable, "-m"]
         specs = [
@@ -81,7 +87,11 @@ class Deployment:
                 "LOOM_ROLLOUT_MODEL": self.cfg.model,
                 "LOOM_ROLLOUT_GPU": self.cfg.gpu,
                 "LOOM_ROLLOUT_TP": str(self.cfg.tp),
+                "LOOM_ROLLOUT_ENGINE": self.cfg.engine,
+                "LOOM_ROLLOUT_SEED": str(i),
             }
+            if self.cfg.model_path is not None:
+                env["LOOM_ROLLOUT_MODEL_PATH"] = self.cfg.model_path
             specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], env))
         return specs
 

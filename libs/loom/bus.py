@@ -104,6 +104,18 @@ def _stream_configs() -> list[StreamConfig]:
             **common,
         ),
         StreamConfig(
+            # Each rollout stream's sample buffer: finished groups, one message each, kept until the stream
+            # ends (the scheduler purges its subject); a group is published once under Nats-Msg-Id
+            # <stream>.g<group>, whatever restarts happen in between.
+            name=subjects.STREAM_SAMPLES,
+            subjects=subjects.STREAM_SAMPLES_SUBJECTS,
+            retention=RetentionPolicy.LIMITS,
+            duplicate_window=3600.0,
+            max_age=7 * 24 * 3600.0,
+            allow_direct=True,
+            **common,
+        ),
+        StreamConfig(
             name=subjects.STREAM_DLQ,
             subjects=subjects.STREAM_DLQ_SUBJECTS,
             retention=RetentionPolicy.LIMITS,
@@ -131,6 +143,8 @@ async def ensure_streams(js: JetStreamContext) -> None:
     await ensure_kv(js, subjects.KV_GROUPS)
     await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
     await ensure_kv(js, subjects.KV_RLJOBS)
+    await ensure_kv(js, subjects.KV_STREAMS)
+    await ensure_kv(js, subjects.KV_WEIGHTS)
 
 
 async def ensure_kv(

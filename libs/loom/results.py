@@ -20,6 +20,9 @@ H_TASK = "Loom-Task-Id"
 H_STATUS = "Loom-Status"
 H_TOKENS = "Loom-Output-Tokens"
 H_REWARD = "Loom-Reward"
+H_GROUP = "Loom-Group"
+H_START = "Loom-Start-Version"
+H_FINISH = "Loom-Finish"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class ResultHeader:
     status: str
     output_tokens: int
     reward: float | None
+    group: int = -1
+    start_version: int | None = None
+    finish_reason: str = ""
 
 
 def msg_id(job_id: str, traj_id: str) -> str:
@@ -46,6 +52,10 @@ async def publish_result(js: JetStreamContext, traj: Trajectory) -> bool:
         H_STATUS: traj.status,
         H_TOKENS: str(traj.output_tokens),
         H_REWARD: "" if traj.reward is None else repr(traj.reward),
+        H_GROUP: str(traj.group),
+        H_START: "" if traj.start_version is None else str(traj.start_version),
+        # Why it ended, as far as a header may carry it (stale and redundant aborts are told apart by it).
+        H_FINISH: traj.finish_reason[:120].replace("\r", " ").replace("\n", " "),
     }
     ack = await js.publish(subjects.results(traj.job_id), encode(traj), headers=headers)
     return not ack.duplicate
@@ -84,6 +94,22 @@ async def iter_results(js: JetStreamContext, job_id: str, page: int = 100) -> As
             return
 
 
+def header_of(subject: str, seq: int, h: dict[str, str]) -> ResultHeader:
+    reward, start = h.get(H_REWARD, ""), h.get(H_START, "")
+    return ResultHeader(
+        seq=seq,
+        job_id=subject.rsplit(".", 1)[-1],
+        traj_id=h.get(H_TRAJ, ""),
+        task_id=h.get(H_TASK, ""),
+        status=h.get(H_STATUS, ""),
+        output_tokens=int(h.get(H_TOKENS, "0") or 0),
+        reward=float(reward) if reward else None,
+        group=int(h.get(H_GROUP, "-1") or -1),
+        start_version=int(start) if start else None,
+        finish_reason=h.get(H_FINISH, ""),
+    )
+
+
 async def scan_headers(js: JetStreamContext, job_id: str = "*") -> list[ResultHeader]:
     """Every stored result's headers (no payloads): cheap enough to rebuild counters after a restart."""
     subj = subjects.results(job_id)
@@ -103,19 +129,7 @@ async def scan_headers(js: JetStreamContext, job_id: str = "*") -> list[ResultHe
         while len(out) < total:
             msgs = await sub.fetch(min(1000, total - len(out)), timeout=5)
             for m in msgs:
-                h = m.headers or {}
-                reward = h.get(H_REWARD, "")
-                out.append(
-                    ResultHeader(
-                        seq=m.metadata.sequence.stream,
-                        job_id=m.subject.rsplit(".", 1)[-1],
-                        traj_id=h.get(H_TRAJ, ""),
-                        task_id=h.get(H_TASK, ""),
-                        status=h.get(H_STATUS, ""),
-                        output_tokens=int(h.get(H_TOKENS, "0") or 0),
-                        reward=float(reward) if reward else None,
-                    )
-                )
+                out.append(header_of(m.subject, m.metadata.sequence.stream, m.headers or {}))
             if msgs and msgs[-1].metadata.num_pending == 0:
                 break
     finally:

@@ -68,7 +68,14 @@ class ModelCall:
     started: float
     gen_s: float
 
-    def step(self, action: str, observation: str, tool_s: float) -> Step:
+    def step(
+        self,
+        action: str,
+        observation: str,
+        tool_s: float,
+        prompt_ids: list[int] | None = None,
+        output_ids: list[int] | None = None,
+    ) -> Step:
         return Step(
             index=self.req.step,
             prompt_len=self.req.input_len,
@@ -81,6 +88,10 @@ class ModelCall:
             gen_s=self.gen_s,
             tool_s=tool_s,
             attempts=self.req.attempt,
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            output_logprobs=self.res.output_logprobs,
+            weight_version=self.res.weight_version,
         )
 
 
@@ -108,6 +119,9 @@ async def call_model(
         input_ids=input_ids,
         ignore_eos=input_ids is None,
         priority=priority,
+        temperature=work.sampling.temperature,
+        top_p=work.sampling.top_p,
+        return_logprob=work.sampling.logprobs,
     )
     res = await ctx.gen.generate(req)
     if res.finish_reason == "abort":

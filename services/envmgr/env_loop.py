@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from loom.envs import actions, registry
+from loom.envs import actions, registry, transcript
 from loom.envs.base import Env, EnvError, Observation
 from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
@@ -99,9 +99,10 @@ async def _episode(
     work: TrajWork, ctx: LoopContext, env: Env, prompt: str, script: list[str] | None
 ) -> tuple[list[Step], str]:
     tok = qwen_tokenizer()
-    # The context's tokens grow by each turn's text, tokenised once, instead of the whole context again
-    # every turn (a quadratic cost on the manager's event loop).
-    ids = tok.encode(prompt, disallowed_special=())
+    # The context grows by each call's output ids as the engine produced them and the observation's ids
+    # (loom.envs.transcript), never by decoding and encoding again: a trainer sees exactly what the engine saw.
+    ids = transcript.encode(prompt)
+    new_ids = list(ids)  # what this call adds to the context: the prompt, then each observation
     acts: list[str] = []
     observations: list[str] = []
     steps: list[Step] = []
@@ -123,9 +124,11 @@ async def _episode(
         generated += res.output_len
         if script is not None and scripted is not None:
             # Cut where the engine stopped (the token budget), as a real model's output would be.
-            text = script[k] if res.output_len >= want else tok.decode(scripted[: res.output_len])
+            out_ids = scripted[: res.output_len]
+            text = script[k] if res.output_len >= want else tok.decode(out_ids)
         elif res.output_ids is not None:
-            text = tok.decode(res.output_ids)
+            out_ids = res.output_ids
+            text = transcript.action_text(out_ids)
         else:
             raise EnvError(
                 "the engine returned no text; a simulated engine needs a scripted job (scripted: true)"
@@ -139,10 +142,12 @@ async def _episode(
         tool_s = ctx.clock.now() - t1
         priority = await await_prediction(ctx, work, k, pred, priority, context, generated)
         observations.append(obs.text)
-        steps.append(mc.step(text, obs.text, tool_s))
-        ids += tok.encode(f"{text}\nObservation: {obs.text}\n", disallowed_special=())
+        steps.append(mc.step(text, obs.text, tool_s, new_ids, list(out_ids)))
         if obs.done:
             return steps, "done"
+        new_ids = transcript.observation_ids(obs.text)
+        ids += out_ids
+        ids += new_ids
     return steps, "max_turns"
 
 

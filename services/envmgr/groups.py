@@ -12,7 +12,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from loom.bus import kv_key
-from loom.protocol import TrajWork
+from loom.protocol import TrajWork, subjects
 
 
 class GroupLedger:
@@ -29,6 +29,15 @@ class GroupLedger:
     async def full(self, w: TrajWork) -> bool:
         kept, _ = await self._read(kv_key(w.job_id, str(w.group)))
         return len(kept) >= w.group_size and w.traj_id not in kept
+
+    async def restarted(self, w: TrajWork) -> bool:
+        """Whether the scheduler gave the stream's group up (the bound aborted it): its samples not yet begun
+        never run."""
+        try:
+            await self.kv.get(subjects.group_restarted_key(w.job_id, w.group))
+        except KeyNotFoundError:
+            return False
+        return True
 
     async def claim(self, w: TrajWork) -> list[str] | None:
         """The group's kept samples with this one among them, or None if the group was already full."""

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
@@ -20,14 +21,18 @@ from loom import results
 from loom.bus import kv_key
 from loom.envs import registry
 from loom.genclient import GenClient
+from loom.policies.staleness import AsyncBound
 from loom.protocol import (
     TERMINAL_JOB_STATES,
     AbortRequest,
     CancelJob,
     DecodeError,
     GroupDone,
+    GroupRestart,
     Job,
     RewardRequest,
+    Stream,
+    StreamVersion,
     Trajectory,
     TrajMeta,
     TrajWork,
@@ -57,10 +62,22 @@ class Running:
     cancelled_by_job: bool = False
     # Cancelled because its group already has its samples (redundant rollouts).
     redundant: bool = False
+    # Rollout streams: the policy version that started it, and why the bound or its group stopped it.
+    start_version: int | None = None
+    stale: str = ""
+    restarted: bool = False
 
 
 class Redundant(Exception):
     """A redundant sample whose group finished without it."""
+
+
+class Stale(Exception):
+    """A stream's trajectory that the asynchronous bound no longer admits."""
+
+
+class GroupGone(Exception):
+    """A stream's group was restarted before this sample began: nothing to run and nothing to store."""
 
 
 class EnvManager:
@@ -69,6 +86,8 @@ class EnvManager:
         self.settings = settings
         self.running: dict[str, Running] = {}
         self.cancelled_jobs: set[str] = set()
+        # Rollout streams: the policy version each has reached, as broadcast after its fleet updates.
+        self.versions: dict[str, int] = {}
         m = rt.metrics
         self.m_trajs = m.counter("trajectories_total", "Trajectories finished", ["outcome"])
         self.m_steps = m.counter("steps_total", "LLM steps taken")
@@ -94,6 +113,7 @@ class EnvManager:
     async def run(self, rt: Runtime) -> None:
         self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
+        self.kv_streams = await rt.js.key_value(subjects.KV_STREAMS)
         self.ctx = LoopContext(
             nc=rt.nc,
             clock=rt.clock,
@@ -104,6 +124,8 @@ class EnvManager:
         self.groups = GroupLedger(await rt.js.key_value(subjects.KV_GROUPS))
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
         await rt.subscribe(subjects.CONTROL_GROUP_DONE, GroupDone, self.on_group_done)
+        await rt.subscribe(subjects.CONTROL_GROUP_RESTART, GroupRestart, self.on_group_restart)
+        await rt.subscribe(subjects.CONTROL_VERSION, StreamVersion, self.on_version)
         consumer = WorkQueueConsumer(
             rt,
             stream=subjects.STREAM_TRAJWORK,
@@ -167,10 +189,26 @@ class EnvManager:
             return False
         return entry.value is not None and decode(entry.value, TrajMeta).state in ("done", "failed")
 
-    async def _run(self, w: TrajWork) -> Trajectory:
+    async def _stream_version(self, job_id: str) -> int:
+        if job_id not in self.versions:
+            try:
+                entry = await self.kv_streams.get(job_id)
+                stored = decode(entry.value, Stream).version if entry.value else 0
+            except KeyNotFoundError:
+                stored = 0
+            # A broadcast may have come in while the record was read.
+            self.versions[job_id] = max(stored, self.versions.get(job_id, 0))
+        return self.versions[job_id]
+
+    async def _run(self, w: TrajWork, r: Running) -> Trajectory:
         async with self._slots(w):
             if w.redundancy and await self.groups.full(w):
                 raise Redundant("its group already had its samples")
+            if w.async_bound is not None:
+                if await self.groups.restarted(w):
+                    raise GroupGone(f"group {w.group} was restarted")
+                # The version that initiates generation (RollArt's definition); the bound is measured from it.
+                r.start_version = await self._stream_version(w.job_id)
             if w.env == "replay":
                 return await run_replay(w, self.ctx)
             pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
@@ -181,13 +219,20 @@ class EnvManager:
         outcome = "completed"
         try:
             try:
-                traj = await self._run(w)
+                traj = await self._run(w, r)
                 if w.redundancy:
                     traj = await self._keep_or_drop(traj, w)
             except asyncio.CancelledError:
                 if r.redundant:
                     outcome = "redundant"
                     traj = self._failed(w, Redundant("its group finished first"))
+                elif r.stale:
+                    outcome = "stale"
+                    traj = self._failed(w, Stale(r.stale))
+                elif r.restarted:
+                    outcome = "restarted"
+                    await r.msg.ack()
+                    return
                 elif not r.cancelled_by_job:
                     outcome = "handed_back"
                     await r.msg.nak()
@@ -196,6 +241,10 @@ class EnvManager:
                     outcome = "cancelled"
                     await r.msg.ack()
                     return
+            except GroupGone:
+                outcome = "restarted"
+                await r.msg.ack()
+                return
             except Redundant as e:
                 outcome = "redundant"
                 traj = self._failed(w, e)
@@ -205,6 +254,8 @@ class EnvManager:
                 self.env_metrics.failures.labels(w.env, kind).inc()
                 log.warning("trajectory %s failed: %s", key, e)
                 traj = self._failed(w, e)
+            if r.start_version is not None:
+                traj = msgspec.structs.replace(traj, start_version=r.start_version)
             self.m_steps.inc(len(traj.steps))
             self.m_traj_s.observe(traj.finished_at - traj.started_at)
             # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
@@ -234,10 +285,12 @@ class EnvManager:
 
     def _failed(self, w: TrajWork, e: Exception) -> Trajectory:
         now = self.rt.clock.now()
-        aborted = isinstance(e, TrajectoryAborted | Redundant)
+        aborted = isinstance(e, TrajectoryAborted | Redundant | Stale)
         reason = (
             f"redundant: {e}"
             if isinstance(e, Redundant)
+            else f"stale: {e}"
+            if isinstance(e, Stale)
             else "aborted"
             if isinstance(e, TrajectoryAborted)
             else f"error: {type(e).__name__}: {e}"
@@ -268,6 +321,29 @@ class EnvManager:
             w = r.work
             if w.job_id == g.job_id and w.group == g.group and w.traj_id not in kept and r.task is not None:
                 r.redundant = True
+                r.task.cancel()
+
+    async def on_version(self, v: StreamVersion, _msg: Msg) -> None:
+        """The stream's policy moved on: stop the trajectories the bound no longer admits (their engine
+        requests are aborted with them); the scheduler samples their groups again."""
+        self.versions[v.stream_id] = max(v.version, self.versions.get(v.stream_id, 0))
+        bound = AsyncBound(v.async_bound)
+        n = 0
+        for r in list(self.running.values()):
+            s = r.start_version
+            if r.work.job_id != v.stream_id or s is None or r.task is None or bound.admits(s, v.version):
+                continue
+            r.stale = f"started at version {s}, policy now at {v.version}, bound {v.async_bound}"
+            r.task.cancel()
+            n += 1
+        if n:
+            log.info("stream %s at version %d: aborted %d stale trajectories", v.stream_id, v.version, n)
+
+    async def on_group_restart(self, g: GroupRestart, _msg: Msg) -> None:
+        for r in list(self.running.values()):
+            w = r.work
+            if w.job_id == g.job_id and w.group == g.group and r.task is not None and not r.stale:
+                r.restarted = True
                 r.task.cancel()
 
     async def on_cancel(self, c: CancelJob, _msg: Msg) -> None:

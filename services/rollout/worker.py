@@ -16,19 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
 
 from loom.engine.base import Engine, EngineRequest
 from loom.protocol import (
     AbortRequest,
+    FleetWeights,
     GenError,
     GenKeepalive,
     GenRequest,
     GenResult,
     WarmDone,
     WarmPrefix,
+    WeightOp,
+    WeightOpReply,
     WorkerDone,
     WorkerInfo,
     WorkerLoad,
+    decode,
     encode,
     subjects,
 )
@@ -64,6 +69,9 @@ class RolloutWorker:
         self.m_running = m.gauge("running", "Sequences in the engine batch")
         self.m_waiting = m.gauge("waiting", "Requests queued in the engine")
         self.m_warmed = m.counter("warmed_tokens_total", "Prefix tokens loaded for migrated trajectories")
+        self.m_weight_ops = m.counter("weight_ops_total", "Steps of fleet weight updates", ["op", "outcome"])
+        self.weight_version = settings.weight_version
+        self._pause_lease: asyncio.Task[None] | None = None
 
     def info(self) -> WorkerInfo:
         e = self.engine.info
@@ -86,11 +94,14 @@ class RolloutWorker:
             "engine": self.engine.info.kind,
             "running": ld.running,
             "waiting": ld.waiting,
+            "weight_version": self.weight_version,
         }
 
     async def run(self, rt: Runtime) -> None:
         await self.engine.start()
+        await self._join_fleet(rt)
         self.kv = await rt.js.key_value(subjects.KV_WORKERS)
+        await rt.subscribe(subjects.worker_weights(self.id), WeightOp, self.on_weights)
         await self.kv.put(self.id, encode(self.info()))
         gen_sub = await rt.subscribe(subjects.worker_gen(self.id), GenRequest, self.on_gen)
         await rt.subscribe(subjects.worker_abort(self.id), AbortRequest, self.on_abort)
@@ -107,6 +118,59 @@ class RolloutWorker:
             with contextlib.suppress(Exception):
                 await self.kv.delete(self.id)
             await self.engine.close()
+
+    async def _join_fleet(self, rt: Runtime) -> None:
+        """Serve what the fleet of this model serves before taking any request: a worker that (re)starts
+        after a weight update must not answer with the weights it was started with."""
+        kv = await rt.js.key_value(subjects.KV_WEIGHTS)
+        try:
+            entry = await kv.get(self.engine.info.model)
+        except KeyNotFoundError:
+            return
+        if not entry.value:
+            return
+        fleet = decode(entry.value, FleetWeights)
+        if fleet.version == self.weight_version:
+            return
+        log.info("joining the fleet at weight version %s (%s)", fleet.version, fleet.path)
+        await self.engine.prepare_weights(fleet.version, fleet.path)
+        await self.engine.commit_weights(fleet.version)
+        self.weight_version = fleet.version
+
+    async def on_weights(self, op: WeightOp, _msg: Msg) -> WeightOpReply:
+        """One step of a fleet update (pause, prepare, commit or discard, resume), run by the scheduler."""
+        if op.op in ("pause", "resume") and self._pause_lease is not None:
+            self._pause_lease.cancel()
+            self._pause_lease = None
+        try:
+            if op.op == "pause":
+                await self.engine.pause()
+                if op.lease_s > 0:
+                    self._pause_lease = asyncio.create_task(self._unpause_after(op.lease_s, op.version))
+            elif op.op == "prepare":
+                await self.engine.prepare_weights(op.version, op.path)
+            elif op.op == "commit":
+                await self.engine.commit_weights(op.version)
+                self.weight_version = op.version
+            elif op.op == "discard":
+                await self.engine.discard_weights(op.version)
+            else:
+                await self.engine.resume()
+        except Exception as e:
+            log.warning("weights %s %s failed: %s", op.op, op.version, e)
+            self.m_weight_ops.labels(op.op, "error").inc()
+            return WeightOpReply(self.id, False, self.weight_version, f"{type(e).__name__}: {e}")
+        self.m_weight_ops.labels(op.op, "ok").inc()
+        return WeightOpReply(self.id, True, self.weight_version)
+
+    async def _unpause_after(self, seconds: float, version: str) -> None:
+        await asyncio.sleep(seconds)
+        log.warning("paused %.0f s for weights %s with no commit or resume: resuming", seconds, version)
+        self.m_weight_ops.labels("pause", "expired").inc()
+        with contextlib.suppress(Exception):
+            await self.engine.discard_weights(version)
+        await self.engine.resume()
+        self._pause_lease = None
 
     async def _drain(self) -> None:
         tasks = [i.task for i in self.inflight.values() if i.task is not None]
@@ -178,6 +242,9 @@ class RolloutWorker:
             prefix_key=f"{req.job_id}.{req.traj_id}",
             ignore_eos=req.ignore_eos,
             priority=req.priority,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            return_logprob=req.return_logprob,
         )
         reply: GenResult | GenError
         try:
@@ -193,6 +260,7 @@ class RolloutWorker:
                 decode_s=out.decode_s,
                 cached_tokens=out.cached_tokens,
                 weight_version=out.weight_version,
+                output_logprobs=out.output_logprobs,
             )
             self.m_tokens.inc(out.output_len)
             self.m_latency.observe(out.queue_s + out.prefill_s + out.decode_s)

@@ -17,6 +17,7 @@ from services.scheduler.api import build_app
 from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobManager
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.streams import StreamManager
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +40,31 @@ class Scheduler:
             warm_start=settings.rollmux_warm_start,
         )
         self.rljobs = RLJobManager(rt, cluster, settings.rollmux_tail_threshold)
+        self.streams = StreamManager(rt, settings)
 
     def health(self) -> dict[str, Any]:
         return {
             "api": f"http://{self.settings.host}:{self.settings.port}",
             **self.jobs.health(),
             **self.rljobs.health(),
+            **self.streams.health(),
         }
 
     async def run(self, rt: Runtime) -> None:
         await self.jobs.start()
         await self.rljobs.start()
-        app = build_app(rt, self.jobs, self.rljobs)
+        await self.streams.start()
+        app = build_app(rt, self.jobs, self.rljobs, self.streams)
         server = _Server(
             uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(server.serve())
             tg.create_task(self.jobs.reconcile_forever())
+            tg.create_task(self.streams.lease_forever())
             await rt.stopping.wait()
             server.should_exit = True
+        await self.streams.close()
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_js
 from loom.service import Runtime
 from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobExists, RLJobManager
+from services.scheduler.streams import StreamManager
+from services.scheduler.streams_api import add_stream_routes
 from services.scheduler.tasks import SpecError
 
 T = TypeVar("T")
@@ -54,7 +56,7 @@ def _job_json(job: Job) -> dict[str, Any]:
     return d
 
 
-def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
+def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: StreamManager) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
     job_schema = msgspec.json.schema(JobSpec)
     rljob_schema = msgspec.json.schema(RLJobSpec)
@@ -155,6 +157,8 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager) -> FastAPI:
     async def remove_rljob(name: str) -> dict[str, Any]:
         rljob_or_404(name)
         return to_builtins(await rljobs.remove(name))
+
+    add_stream_routes(app, rt, streams, _decode)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -76,6 +76,8 @@ class JobManager:
                 continue
             if entry.value:
                 job = decode(entry.value, Job)
+                if job.kind == "stream":
+                    continue  # the stream manager's
                 self.jobs[job.id] = job
                 if job.state not in TERMINAL_JOB_STATES:
                     self.done[job.id] = {}

@@ -77,18 +77,24 @@ async def plan(
     prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]
     context = int(statistics.median(prompts) + statistics.median(preds.values()) / 2)
     tool_s = job.spec.tool_latency.mean_s
-    profiles = [
-        placement_profile(
-            workers[n].model,
-            workers[n].gpu,
-            workers[n].tp,
-            context_len=context,
-            max_running=workers[n].max_running,
-            tool_s=tool_s,
-            max_group=len(works),
-        )
-        for n in names
-    ]
+    try:
+        profiles = [
+            placement_profile(
+                workers[n].model,
+                workers[n].gpu,
+                workers[n].tp,
+                context_len=context,
+                max_running=workers[n].max_running,
+                tool_s=tool_s,
+                max_group=len(works),
+            )
+            for n in names
+        ]
+    except (KeyError, ValueError) as e:
+        # Hardware the performance model does not know (a CPU engine, an unlisted GPU): no profile to
+        # partition by, so the plan deals trajectories round robin and says why.
+        log.warning("job %s: no performance profile (%s); placing round robin", job.id, e)
+        return Placement(job.id, rr.place([w.traj_id for w in works], list(workers)))
     part = presorted_dp([preds[t] for t in ids], profiles)
     assignment = part.assignment()
     return Placement(

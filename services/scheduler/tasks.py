@@ -90,6 +90,13 @@ def traj_id(group: int, sample: int) -> str:
 
 
 def expand(job_id: str, spec: JobSpec) -> list[TrajWork]:
+    return [w for g, task in enumerate(spec.tasks) for w in group_works(job_id, spec, task, g)]
+
+
+def group_works(
+    job_id: str, spec: JobSpec, task: TaskSpec, g: int, async_bound: int | None = None
+) -> list[TrajWork]:
+    """The samples of group ``g`` (a rollout stream passes its asynchronous bound along)."""
     return [
         TrajWork(
             job_id=job_id,
@@ -111,8 +118,9 @@ def expand(job_id: str, spec: JobSpec) -> list[TrajWork]:
             tenant=spec.tenant,
             reward=reward_of(spec),
             reward_params=spec.reward_params,
+            sampling=spec.sampling,
+            async_bound=async_bound,
         )
-        for g, task in enumerate(spec.tasks)
         for s in range(samples_per_group(spec))
     ]
 

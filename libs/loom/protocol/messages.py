@@ -32,7 +32,9 @@ RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w
 class DatasetRef(Struct, forbid_unknown_fields=True):
     """Tasks taken from a named data set instead of listed inline."""
 
-    name: Literal["swe-replay", "humaneval", "mbpp", "gsm8k", "gsm8k-train", "hotpotqa"]
+    name: Literal[
+        "swe-replay", "humaneval", "mbpp", "gsm8k", "gsm8k-train", "hotpotqa", "arith", "arith-eval"
+    ]
     path: str | None = None
     offset: NonNeg = 0
     limit: Annotated[int, Meta(ge=1, le=100_000)] | None = None
@@ -43,6 +45,15 @@ class ToolLatency(Struct, forbid_unknown_fields=True):
 
     mean_s: NonNegF = 0.43
     sigma: Annotated[float, Meta(ge=0.0, le=4.0)] = 0.8
+
+
+class SamplingParams(Struct, forbid_unknown_fields=True):
+    """How the engine samples each turn (SGLang's sampling_params of the same names)."""
+
+    temperature: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    # Record the log-probability of every generated token (what an importance-weighted trainer needs).
+    logprobs: bool = False
 
 
 Preset = Literal["heddle", "verl", "verl_star", "slime", "sglang", "round_robin"]
@@ -139,6 +150,7 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     # the environment's own (``replay`` for trace replay, ``env`` for the verdict of code/math/search).
     reward: RewardName | None = None
     reward_params: dict[str, Any] = {}
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
 
 
 JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
@@ -156,6 +168,9 @@ class Job(Struct):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    # "stream": a rollout stream's record (its trajectories use the stream id as their job id); the
+    # scheduler's stream manager owns it, and routers and environment managers read it as any job.
+    kind: Literal["job", "stream"] = "job"
 
 
 # ---------------------------------------------------------------- trajectories
@@ -184,6 +199,9 @@ class TrajWork(Struct):
     tenant: str = "default"
     reward: str = "replay"
     reward_params: dict[str, Any] = {}
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    # Rollout streams: the asynchronous bound the environment manager enforces (None: a one-shot job).
+    async_bound: NonNeg | None = None
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]
@@ -212,6 +230,16 @@ class Step(Struct):
     gen_s: NonNegF = 0.0
     tool_s: NonNegF = 0.0
     attempts: Pos = 1
+    # Token ids exactly as the engine saw and produced them (live environments with a real engine):
+    # ``prompt_ids`` are the tokens added to the context before this call (the whole prompt at step 0,
+    # then the observation that followed the previous output), so the context of call k is every earlier
+    # step's prompt_ids + output_ids, then this step's prompt_ids. ``output_ids`` are the model's tokens
+    # (the stop token included), ``output_logprobs`` their sampling log-probabilities.
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    output_logprobs: list[float] | None = None
+    # The weights that finished this call (the engine's weight_version).
+    weight_version: str = ""
 
 
 TrajStatus = Literal["completed", "failed", "aborted"]
@@ -231,6 +259,9 @@ class Trajectory(Struct):
     finished_at: float
     reward: float | None = None
     info: dict[str, Any] = {}
+    # Rollout streams: the policy version that started the trajectory (its first call), which the
+    # asynchronous bound is measured from.
+    start_version: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -266,6 +297,9 @@ class GenRequest(Struct):
     priority: float = 0.0
     attempt: Pos = 1
     reply_to: str = ""
+    temperature: NonNegF = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    return_logprob: bool = False
 
 
 class GenAccepted(Struct, tag="accepted"):
@@ -290,6 +324,7 @@ class GenResult(Struct, tag="result"):
     decode_s: NonNegF = 0.0
     cached_tokens: NonNeg = 0
     weight_version: str = ""
+    output_logprobs: list[float] | None = None
 
 
 class GenError(Struct, tag="gen_error"):
@@ -460,6 +495,160 @@ class RewardOutcome(Struct):
 
 class WorkerReady(Struct):
     worker_id: str
+
+
+# ---------------------------------------------------------------- rollout streams (training with Loom)
+
+
+class StreamSpec(JobSpec, forbid_unknown_fields=True):
+    """A rollout stream (``POST /v1/streams``): a job's spec whose groups keep flowing to a trainer.
+
+    Groups are started from the data set, in a new order each epoch when ``shuffle`` is set, while fewer than
+    ``buffer_groups`` are running or waiting for the trainer (back-pressure). A trajectory started by policy
+    version s is aborted, with its group restarted, once the policy reaches a version above s + async_bound
+    (RollArt's asynchronous bound; 0 is synchronous training)."""
+
+    async_bound: Annotated[int, Meta(ge=0, le=1000)] = 1
+    buffer_groups: Annotated[int, Meta(ge=1, le=100_000)] = 16
+    # Passes over the data set; None: until the stream is cancelled.
+    epochs: Annotated[int, Meta(ge=1, le=1_000_000)] | None = 1
+    shuffle: bool = True
+    shuffle_seed: NonNeg = 0
+    # The trainer renews its lease (the SDK does so by itself); a stream without one this long is released.
+    lease_s: Annotated[float, Meta(gt=0, le=86_400)] = 120.0
+
+    def job_spec(self) -> JobSpec:
+        fields = {f: getattr(self, f) for f in JobSpec.__struct_fields__}
+        return JobSpec(**fields)
+
+
+StreamState = Literal["running", "completed", "cancelled", "failed"]
+
+
+class OpenGroup(Struct):
+    """A group started and not yet handed to the trainer: the data set position it samples, and its members'
+    result-stream sequence numbers as they finish (``done``: trajectory id -> sequence)."""
+
+    pos: NonNeg
+    task_id: str
+    done: dict[str, int] = {}
+    start_version: int | None = None
+    # Published to the sample buffer (complete), waiting for the trainer.
+    buffered: bool = False
+
+
+class Stream(Struct):
+    """A rollout stream's durable record (KV ``loom_streams``), rewritten on every change."""
+
+    id: str
+    spec: StreamSpec
+    state: StreamState
+    created_at: float
+    lease_until: float
+    version: NonNeg = 0
+    # The policy version at which the trainer last took a batch (-1: never).
+    consumed_version: int = -1
+    # Data set positions started so far (position p is epoch p // n, the p % n-th task of that epoch's order).
+    next_pos: NonNeg = 0
+    next_group: NonNeg = 0
+    # Positions whose group was aborted by the bound, to be sampled again first.
+    retry: list[int] = []
+    open: dict[int, OpenGroup] = {}
+    delivered: NonNeg = 0
+    stale_groups: NonNeg = 0
+    n_tasks: NonNeg = 0
+    finished_at: float | None = None
+    error: str | None = None
+
+
+class SampleGroup(Struct):
+    """A finished group in a stream's sample buffer (``loom.v1.samples.<stream>``): its trajectories are read
+    from the result stream by sequence, so a group of long trajectories stays a small message."""
+
+    stream_id: str
+    group: NonNeg
+    task_id: str
+    start_version: int
+    traj_ids: list[str]
+    seqs: list[int]
+
+
+class StreamRef(Struct):
+    stream_id: Ident
+
+
+class BatchTaken(Struct):
+    """The trainer took ``groups`` at policy ``version``; ``stale`` ones broke the bound and are sampled again."""
+
+    stream_id: Ident
+    version: NonNeg
+    groups: list[int] = []
+    stale: list[int] = []
+
+
+class WeightUpdate(Struct):
+    """Move every rollout worker of the stream's model to ``version``, loaded from ``path`` (a checkpoint
+    directory each worker can read; None for a simulated engine)."""
+
+    stream_id: Ident
+    version: NonNeg
+    path: str | None = None
+    timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+
+
+class WeightUpdateResult(Struct):
+    version: int
+    workers: list[str]
+    pause_s: NonNegF
+    total_s: NonNegF
+    aborted: NonNeg = 0
+
+
+class StreamVersion(Struct):
+    """Broadcast after a fleet update: environment managers abort trajectories the bound no longer admits."""
+
+    stream_id: str
+    version: NonNeg
+    async_bound: NonNeg
+
+
+class GroupRestart(Struct):
+    """A group broke the bound: its members still running stop; the stream samples its task again."""
+
+    job_id: str
+    group: NonNeg
+    reason: str = ""
+
+
+WeightOpKind = Literal["pause", "prepare", "commit", "discard", "resume"]
+
+
+class WeightOp(Struct):
+    """Scheduler -> rollout worker (request/reply on ``loom.v1.worker.<id>.weights``): one step of a fleet update."""
+
+    op: WeightOpKind
+    version: str = ""
+    path: str | None = None
+    # pause: resume by itself after this long without a commit or resume (a scheduler that died mid-update
+    # must not leave the fleet paused for ever); whatever was prepared is then discarded.
+    lease_s: NonNegF = 0.0
+
+
+class WeightOpReply(Struct):
+    worker_id: str
+    ok: bool
+    version: str
+    error: str = ""
+
+
+class FleetWeights(Struct):
+    """The weights a model's fleet serves (KV ``loom_weights``, key = model): a worker that starts or restarts
+    loads them before it takes requests, so the fleet is never mixed."""
+
+    model: str
+    version: str
+    path: str | None = None
+    updated_at: float = 0.0
 
 
 # ---------------------------------------------------------------- co-scheduled RL jobs (RollMux)

@@ -32,6 +32,10 @@ def worker_warm(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.warm"
 
 
+def worker_weights(worker_id: str) -> str:
+    return f"{PREFIX}.worker.{worker_id}.weights"
+
+
 def worker_done(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.done"
 
@@ -56,6 +60,8 @@ CONTROL_PRIORITY = control("priority")
 CONTROL_PLACEMENT = control("placement")
 CONTROL_CANCEL = control("cancel")
 CONTROL_GROUP_DONE = control("group_done")
+CONTROL_GROUP_RESTART = control("group_restart")
+CONTROL_VERSION = control("version")
 
 
 def traj_work(job_id: str) -> str:
@@ -107,6 +113,22 @@ STREAM_RESULTS_SUBJECTS = [f"{PREFIX}.results.>"]
 STREAM_DLQ = "LOOM_DLQ"
 STREAM_DLQ_SUBJECTS = [f"{PREFIX}.dlq.>"]
 
+# Rollout streams: the trainer SDK's requests to the scheduler (request/reply), and each stream's sample buffer.
+STREAM_CREATE = f"{PREFIX}.streams.create"
+STREAM_GET = f"{PREFIX}.streams.get"
+STREAM_CANCEL = f"{PREFIX}.streams.cancel"
+STREAM_LEASE = f"{PREFIX}.streams.lease"
+STREAM_TAKEN = f"{PREFIX}.streams.taken"
+STREAM_WEIGHTS = f"{PREFIX}.streams.weights"
+
+
+def samples(stream_id: str) -> str:
+    return f"{PREFIX}.samples.{stream_id}"
+
+
+STREAM_SAMPLES = "LOOM_SAMPLES"
+STREAM_SAMPLES_SUBJECTS = [f"{PREFIX}.samples.>"]
+
 # RollMux phase permits: trainers ask (request/reply), the scheduler answers on each job's permit subject.
 PHASE_REQUEST = f"{PREFIX}.rollmux.request"
 PHASE_DONE = f"{PREFIX}.rollmux.done"
@@ -126,7 +148,16 @@ KV_JOBS = "loom_jobs"
 KV_TRAJ = "loom_traj"
 # Per group: the trajectories kept so far (redundant rollouts stop at group_size), key <job>.<group>.
 KV_GROUPS = "loom_groups"
+
+
+def group_restarted_key(job_id: str, group: int) -> str:
+    """KV ``loom_groups``: present once a stream's group was restarted."""
+    return f"{job_id}.{group}.restarted"
+
+
 KV_WORKERS = "loom_workers"
-KV_RLJOBS = "loom_rljobs"  # co-scheduled RL job specs, replayed in order on restart
+KV_RLJOBS = "loom_rljobs"
+KV_STREAMS = "loom_streams"  # rollout streams (loom.protocol.Stream), key = stream id
+KV_WEIGHTS = "loom_weights"  # the weights each model's fleet serves (FleetWeights), key = model  # co-scheduled RL job specs, replayed in order on restart
 
 QUEUE_GROUP = "loom"

@@ -1,0 +1,1 @@
+"""Training with Loom: the trainer SDK (rollout streams, batches, weight updates) and a GRPO trainer."""

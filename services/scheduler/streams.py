@@ -1,0 +1,585 @@
+"""Rollout streams: jobs that never end, feeding a trainer through a per-stream sample buffer.
+
+The stream manager keeps groups flowing from the data set while fewer than ``buffer_groups`` are running or
+waiting for the trainer, and only when the asynchronous bound would still admit them when the trainer can
+next take them (``loom.policies.staleness``). It assembles finished trajectories into groups from the result
+stream (a durable headers-only consumer, acknowledged after the stream's record holds what it learned) and
+publishes each complete group once to the sample buffer. A group with a member the bound aborted is given up
+and its task sampled again.
+
+Everything is in JetStream: the record in KV ``loom_streams`` (rewritten on every change, with the groups
+still open), the buffer in ``LOOM_SAMPLES``, the work in the trajectory queue. A restarted scheduler resumes
+from them, and message ids make every publication idempotent, so no group is lost or delivered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+
+from loom import results
+from loom.bus import request
+from loom.policies.staleness import AsyncBound, groups_to_start, task_at
+from loom.protocol import (
+    AbortRequest,
+    BatchTaken,
+    CancelJob,
+    ErrorReply,
+    FleetWeights,
+    GroupRestart,
+    Job,
+    OpenGroup,
+    SampleGroup,
+    Stream,
+    StreamRef,
+    StreamSpec,
+    StreamVersion,
+    WeightOp,
+    WeightOpKind,
+    WeightOpReply,
+    WeightUpdate,
+    WeightUpdateResult,
+    decode,
+    encode,
+    subjects,
+)
+from loom.service import Runtime
+from loom.workers import read_workers
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.tasks import SpecError, group_works, resolve_tasks
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("completed", "cancelled", "failed")
+
+
+class StreamError(Exception):
+    """A request the stream cannot honour (unknown, ended, a weight update that failed); ``code`` for REST."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StreamManager:
+    def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
+        self.rt = rt
+        self.settings = settings
+        self.streams: dict[str, Stream] = {}
+        self.tasks: dict[str, list] = {}  # stream -> its resolved TaskSpecs
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._model_locks: dict[str, asyncio.Lock] = {}
+        self._assemblers: dict[str, asyncio.Task[None]] = {}
+        m = rt.metrics
+        self.m_groups = m.counter("stream_groups_total", "Stream groups by outcome", ["outcome"])
+        self.m_updates = m.counter("weight_updates_total", "Fleet weight updates", ["outcome"])
+        self.m_pause = m.histogram("weight_update_pause_seconds", "Engines paused per fleet update (wall)")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        js = self.rt.js
+        self.kv = await js.key_value(subjects.KV_STREAMS)
+        self.kv_jobs = await js.key_value(subjects.KV_JOBS)
+        self.kv_groups = await js.key_value(subjects.KV_GROUPS)
+        self.kv_workers = await js.key_value(subjects.KV_WORKERS)
+        self.kv_weights = await js.key_value(subjects.KV_WEIGHTS)
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            keys = []
+        for k in keys:
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await self.kv.get(k)
+                if entry.value:
+                    st = decode(entry.value, Stream)
+                    self.streams[st.id] = st
+        for st in self.streams.values():
+            if st.state == "running":
+                await self._load_tasks(st)
+                await self._republish_open(st)
+                self._assemble(st.id)
+        rt = self.rt
+        await rt.subscribe(subjects.STREAM_CREATE, StreamSpec, self._nats(self._create))
+        await rt.subscribe(subjects.STREAM_GET, StreamRef, self._nats(self._get))
+        await rt.subscribe(subjects.STREAM_CANCEL, StreamRef, self._nats(self._cancel))
+        await rt.subscribe(subjects.STREAM_LEASE, StreamRef, self._nats(self._lease))
+        await rt.subscribe(subjects.STREAM_TAKEN, BatchTaken, self._nats(self._taken))
+        await rt.subscribe(subjects.STREAM_WEIGHTS, WeightUpdate, self._nats(self._weights))
+        log.info("reloaded %d streams", len(self.streams))
+
+    def _nats(self, fn: Callable[[Any], Awaitable[Any]]) -> Callable[[Any, Msg], Awaitable[Any]]:
+        """A NATS handler around ``fn``: its errors answer as ErrorReply instead of an internal error."""
+
+        async def handler(obj: Any, _msg: Msg) -> Any:
+            try:
+                return await fn(obj)
+            except StreamError as e:
+                return ErrorReply(e.code, e.message)
+            except SpecError as e:
+                return ErrorReply("invalid", f"{'.'.join(map(str, e.loc))}: {e.msg}")
+
+        return handler
+
+    async def _create(self, spec: StreamSpec) -> Stream:
+        return await self.create(spec)
+
+    async def _get(self, ref: StreamRef) -> Stream:
+        return self.get(ref.stream_id)
+
+    async def _cancel(self, ref: StreamRef) -> Stream:
+        return await self.cancel(ref.stream_id)
+
+    async def _lease(self, ref: StreamRef) -> Stream:
+        return await self.renew(ref.stream_id)
+
+    async def _taken(self, b: BatchTaken) -> Stream:
+        return await self.taken(b)
+
+    async def _weights(self, u: WeightUpdate) -> WeightUpdateResult:
+        return await self.update_weights(u)
+
+    async def close(self) -> None:
+        for t in self._assemblers.values():
+            t.cancel()
+        await asyncio.gather(*self._assemblers.values(), return_exceptions=True)
+
+    async def lease_forever(self) -> None:
+        """Release streams whose trainer stopped renewing its lease."""
+        while not self.rt.stopping.is_set():
+            now = time.time()
+            for st in list(self.streams.values()):
+                if st.state == "running" and st.lease_until < now:
+                    log.warning("stream %s: trainer lease expired", st.id)
+                    with contextlib.suppress(StreamError):
+                        await self.cancel(st.id, error="trainer lease expired")
+            await self.rt.wait_stop(1.0)
+
+    # ------------------------------------------------------------------ requests
+
+    def get(self, stream_id: str) -> Stream:
+        st = self.streams.get(stream_id)
+        if st is None:
+            raise StreamError("not_found", f"unknown stream {stream_id!r}")
+        return st
+
+    async def create(self, spec: StreamSpec) -> Stream:
+        job_spec = spec.job_spec()
+        tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
+        sid = f"str-{uuid.uuid4().hex[:12]}"
+        now = self.rt.clock.now()
+        st = Stream(
+            id=sid,
+            spec=msgspec.structs.replace(spec, tasks=[]),
+            state="running",
+            created_at=now,
+            lease_until=time.time() + spec.lease_s,
+            n_tasks=len(tasks),
+        )
+        # Routers and environment managers read a stream's policy and state as any job's.
+        job = Job(
+            id=sid,
+            spec=msgspec.structs.replace(job_spec, tasks=tasks),
+            state="running",
+            created_at=now,
+            n_trajectories=0,
+            started_at=now,
+            kind="stream",
+        )
+        await self.kv_jobs.put(sid, encode(job))
+        self.tasks[sid] = tasks
+        await self._save(st)
+        log.info(
+            "stream %s: %d tasks, bound %d, buffer %d groups",
+            sid,
+            len(tasks),
+            spec.async_bound,
+            spec.buffer_groups,
+        )
+        self._assemble(sid)
+        await self._refill(sid)
+        return self.streams[sid]
+
+    async def renew(self, stream_id: str) -> Stream:
+        async with self._lock(stream_id):
+            st = self._running(stream_id)
+            await self._save(msgspec.structs.replace(st, lease_until=time.time() + st.spec.lease_s))
+        return self.streams[stream_id]
+
+    async def taken(self, b: BatchTaken) -> Stream:
+        """The trainer took these groups (and dropped ``stale`` ones the bound no longer admits)."""
+        async with self._lock(b.stream_id):
+            st = self._running(b.stream_id)
+            opened = dict(st.open)
+            retry = list(st.retry)
+            for g in b.groups:
+                opened.pop(g, None)
+            for g in b.stale:
+                og = opened.pop(g, None)
+                if og is not None:
+                    retry.append(og.pos)
+            self.m_groups.labels("delivered").inc(len(b.groups))
+            self.m_groups.labels("stale_in_buffer").inc(len(b.stale))
+            st = msgspec.structs.replace(
+                st,
+                open=opened,
+                retry=retry,
+                delivered=st.delivered + len(b.groups),
+                stale_groups=st.stale_groups + len(b.stale),
+                consumed_version=max(st.consumed_version, b.version),
+                lease_until=time.time() + st.spec.lease_s,
+            )
+            await self._save(self._maybe_complete(st))
+        await self._refill(b.stream_id)
+        return self.streams[b.stream_id]
+
+    async def cancel(self, stream_id: str, error: str | None = None) -> Stream:
+        async with self._lock(stream_id):
+            st = self.get(stream_id)
+            if st.state in TERMINAL:
+                return st
+            await self._save(
+                msgspec.structs.replace(st, state="cancelled", finished_at=self.rt.clock.now(), error=error)
+            )
+        await self._end_job(stream_id, "cancelled", error)
+        js = self.rt.js
+        await js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(stream_id))
+        await self.rt.nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(stream_id)))
+        await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=stream_id)))
+        task = self._assemblers.pop(stream_id, None)
+        if task is not None:
+            task.cancel()
+        log.info("stream %s cancelled%s", stream_id, f": {error}" if error else "")
+        return self.streams[stream_id]
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(self, u: WeightUpdate) -> WeightUpdateResult:
+        """Move the stream's model's whole fleet to ``u.version``: pause every worker, prepare the weights on
+        each, and only if all prepared, commit on all; otherwise discard everywhere, so the fleet is never
+        mixed. Then the bound aborts what it no longer admits, and the workers resume."""
+        st = self._running(u.stream_id)
+        if u.version <= st.version:
+            raise StreamError("conflict", f"version {u.version} is not after the stream's {st.version}")
+        model = st.spec.model
+        async with self._model_locks.setdefault(model, asyncio.Lock()):
+            t0 = time.monotonic()
+            workers = sorted(w for w, i in (await read_workers(self.kv_workers)).items() if i.model == model)
+            if not workers:
+                raise StreamError("unavailable", f"no rollout worker serves {model!r}")
+            version = str(u.version)
+            await self._fleet("pause", workers, version, None, u.timeout_s, lease_s=4 * u.timeout_s)
+            paused = time.monotonic()
+            try:
+                failed = await self._fleet("prepare", workers, version, u.path, u.timeout_s, strict=False)
+                if failed:
+                    await self._fleet("discard", workers, version, None, u.timeout_s, strict=False)
+                    self.m_updates.labels("failed").inc()
+                    reasons = "; ".join(f"{w}: {e}" for w, e in sorted(failed.items()))
+                    raise StreamError("update_failed", f"weights {version} not loaded, fleet kept: {reasons}")
+                await self._commit(model, workers, version, u.timeout_s)
+                await self.kv_weights.put(model, encode(FleetWeights(model, version, u.path, time.time())))
+                async with self._lock(u.stream_id):
+                    st = self.get(u.stream_id)
+                    await self._save(msgspec.structs.replace(st, version=u.version))
+                # Before generation resumes: stale trajectories stop instead of generating under new weights.
+                await self.rt.nc.publish(
+                    subjects.CONTROL_VERSION,
+                    encode(StreamVersion(u.stream_id, u.version, st.spec.async_bound)),
+                )
+            finally:
+                await self._fleet("resume", workers, version, None, u.timeout_s, strict=False)
+                self.m_pause.observe(time.monotonic() - paused)
+            self.m_updates.labels("ok").inc()
+            log.info("stream %s: fleet of %d at version %s", u.stream_id, len(workers), version)
+            result = WeightUpdateResult(u.version, workers, time.monotonic() - paused, time.monotonic() - t0)
+        await self._refill(u.stream_id)
+        return result
+
+    async def _commit(self, model: str, workers: list[str], version: str, timeout_s: float) -> None:
+        """Switch every prepared worker. A commit that fails where loading happens at commit (SGLang loads in
+        place) rolls the others back to the fleet's previous checkpoint, so the fleet stays on one version."""
+        failed = await self._fleet("commit", workers, version, None, timeout_s, strict=False)
+        if not failed:
+            return
+        self.m_updates.labels("failed").inc()
+        reasons = "; ".join(f"{w}: {e}" for w, e in sorted(failed.items()))
+        try:
+            entry = await self.kv_weights.get(model)
+            prev = decode(entry.value, FleetWeights) if entry.value else None
+        except KeyNotFoundError:
+            prev = None
+        done = [w for w in workers if w not in failed]
+        if prev is not None and done:
+            await self._fleet("prepare", done, prev.version, prev.path, timeout_s, strict=False)
+            await self._fleet("commit", done, prev.version, None, timeout_s, strict=False)
+            raise StreamError(
+                "update_failed", f"commit of {version} failed, fleet rolled back to {prev.version}: {reasons}"
+            )
+        raise StreamError(
+            "update_failed", f"commit of {version} failed on {sorted(failed)} ({reasons}); {done} switched"
+        )
+
+    async def _fleet(
+        self,
+        op: WeightOpKind,
+        workers: list[str],
+        version: str,
+        path: str | None,
+        timeout_s: float,
+        strict: bool = True,
+        lease_s: float = 0.0,
+    ) -> dict[str, str]:
+        """Send one step to every worker at once; returns the failures (raises on any when ``strict``)."""
+
+        async def one(w: str) -> tuple[str, str]:
+            try:
+                r = await request(
+                    self.rt.nc,
+                    subjects.worker_weights(w),
+                    WeightOp(op, version, path, lease_s),
+                    WeightOpReply,
+                    timeout_s,
+                )
+            except Exception as e:
+                return w, f"{type(e).__name__}: {e}"
+            return w, "" if r.ok else r.error
+
+        answers = await asyncio.gather(*(one(w) for w in workers))
+        failed = {w: e for w, e in answers if e}
+        if failed and strict:
+            raise StreamError(
+                "update_failed", f"{op} failed on " + "; ".join(f"{w}: {e}" for w, e in failed.items())
+            )
+        return failed
+
+    # ------------------------------------------------------------------ refill
+
+    async def _refill(self, stream_id: str) -> None:
+        async with self._lock(stream_id):
+            st = self.streams.get(stream_id)
+            if st is None or st.state != "running":
+                return
+            spec = st.spec
+            if not AsyncBound(spec.async_bound).may_start(st.version, st.consumed_version):
+                return
+            total = None if spec.epochs is None else spec.epochs * st.n_tasks
+            remaining = None if total is None else total - st.next_pos + len(st.retry)
+            n = groups_to_start(len(st.open), spec.buffer_groups, remaining)
+            if n == 0:
+                return
+            opened, retry = dict(st.open), list(st.retry)
+            next_pos, next_group = st.next_pos, st.next_group
+            tasks = self.tasks[stream_id]
+            started: list[int] = []
+            for _ in range(n):
+                if retry:
+                    pos = retry.pop(0)
+                else:
+                    pos, next_pos = next_pos, next_pos + 1
+                task = tasks[task_at(pos, st.n_tasks, spec.shuffle, spec.shuffle_seed)]
+                opened[next_group] = OpenGroup(pos=pos, task_id=task.id)
+                started.append(next_group)
+                next_group += 1
+            # The record first, then the work: a crash in between re-publishes the open groups' work on
+            # restart, which the work stream drops as duplicates.
+            await self._save(
+                msgspec.structs.replace(
+                    st, open=opened, retry=retry, next_pos=next_pos, next_group=next_group
+                )
+            )
+        self.m_groups.labels("started").inc(len(started))
+        for g in started:
+            await self._publish_work(self.streams[stream_id], g)
+
+    async def _publish_work(self, st: Stream, group: int) -> None:
+        og = st.open[group]
+        task = self.tasks[st.id][task_at(og.pos, st.n_tasks, st.spec.shuffle, st.spec.shuffle_seed)]
+        for w in group_works(st.id, st.spec.job_spec(), task, group, st.spec.async_bound):
+            await self.rt.js.publish(
+                subjects.traj_work(st.id),
+                encode(w),
+                headers={"Nats-Msg-Id": results.msg_id(st.id, w.traj_id)},
+            )
+
+    async def _republish_open(self, st: Stream) -> None:
+        for g, og in st.open.items():
+            if not og.buffered:
+                await self._publish_work(st, g)
+
+    # ------------------------------------------------------------------ assembly
+
+    def _assemble(self, stream_id: str) -> None:
+        if stream_id not in self._assemblers:
+            self._assemblers[stream_id] = asyncio.create_task(
+                self._assemble_forever(stream_id), name=f"assemble-{stream_id}"
+            )
+
+    async def _assemble_forever(self, stream_id: str) -> None:
+        durable = f"streams-{stream_id}"
+        cfg = ConsumerConfig(
+            durable_name=durable,
+            headers_only=True,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30.0,
+            max_ack_pending=10_000,
+        )
+        sub = await self.rt.js.pull_subscribe(
+            subjects.results(stream_id), durable=durable, stream=subjects.STREAM_RESULTS, config=cfg
+        )
+        while not self.rt.stopping.is_set():
+            st = self.streams.get(stream_id)
+            if st is None or st.state in TERMINAL:
+                break
+            try:
+                msgs = await sub.fetch(256, timeout=1.0)
+            except TimeoutError:
+                continue
+            except Exception as e:
+                log.warning("stream %s: result fetch failed: %s", stream_id, e)
+                await self.rt.wait_stop(1.0)
+                continue
+            try:
+                await self._absorb(stream_id, msgs)
+            except Exception:
+                log.exception("stream %s: assembling groups failed", stream_id)
+                continue
+            for m in msgs:
+                await m.ack()
+        with contextlib.suppress(Exception):
+            st = self.streams.get(stream_id)
+            if st is not None and st.state in TERMINAL:
+                await self.rt.js.delete_consumer(subjects.STREAM_RESULTS, durable)
+
+    async def _absorb(self, stream_id: str, msgs: list[Msg]) -> None:
+        """Record finished members in their open groups; publish the groups that completed; give up the groups
+        the bound aborted. The record is saved before the messages are acknowledged."""
+        restarts: list[tuple[int, str]] = []
+        complete: list[int] = []
+        async with self._lock(stream_id):
+            st = self.streams[stream_id]
+            if st.state != "running":
+                return
+            opened = dict(st.open)
+            retry = list(st.retry)
+            for m in msgs:
+                h = results.header_of(m.subject, m.metadata.sequence.stream, m.headers or {})
+                og = opened.get(h.group)
+                if og is None or og.buffered or h.traj_id in og.done:
+                    continue  # a group given up or published already, or a redelivery
+                if h.status == "aborted":
+                    if h.finish_reason.startswith("redundant"):
+                        continue  # its group kept the first group_size samples
+                    opened.pop(h.group)
+                    retry.append(og.pos)
+                    restarts.append((h.group, h.finish_reason))
+                    continue
+                done = {**og.done, h.traj_id: h.seq}
+                start = og.start_version
+                if h.start_version is not None:
+                    start = h.start_version if start is None else min(start, h.start_version)
+                og = msgspec.structs.replace(og, done=done, start_version=start)
+                if len(done) >= st.spec.group_size and h.group not in complete:
+                    complete.append(h.group)
+                opened[h.group] = og
+            for g in complete:
+                og = opened[g]
+                members = sorted(og.done.items())[: st.spec.group_size]
+                sample = SampleGroup(
+                    stream_id=stream_id,
+                    group=g,
+                    task_id=og.task_id,
+                    start_version=og.start_version if og.start_version is not None else st.version,
+                    traj_ids=[t for t, _ in members],
+                    seqs=[s for _, s in members],
+                )
+                await self.rt.js.publish(
+                    subjects.samples(stream_id), encode(sample), headers={"Nats-Msg-Id": f"{stream_id}.g{g}"}
+                )
+                opened[g] = msgspec.structs.replace(og, buffered=True)
+            if not (restarts or complete or opened != st.open):
+                return
+            await self._save(
+                msgspec.structs.replace(
+                    st, open=opened, retry=retry, stale_groups=st.stale_groups + len(restarts)
+                )
+            )
+        self.m_groups.labels("buffered").inc(len(complete))
+        self.m_groups.labels("restarted").inc(len(restarts))
+        for g, reason in restarts:
+            await self.kv_groups.put(subjects.group_restarted_key(stream_id, g), b"1")
+            await self.rt.nc.publish(
+                subjects.CONTROL_GROUP_RESTART, encode(GroupRestart(stream_id, g, reason))
+            )
+            log.info("stream %s: group %d restarted (%s)", stream_id, g, reason)
+        if restarts:
+            await self._refill(stream_id)
+
+    # ------------------------------------------------------------------ store
+
+    def _lock(self, stream_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(stream_id, asyncio.Lock())
+
+    def _running(self, stream_id: str) -> Stream:
+        st = self.get(stream_id)
+        if st.state != "running":
+            why = f" ({st.error})" if st.error else ""
+            raise StreamError("gone", f"stream {stream_id} is {st.state}{why}")
+        return st
+
+    def _maybe_complete(self, st: Stream) -> Stream:
+        total = None if st.spec.epochs is None else st.spec.epochs * st.n_tasks
+        if total is not None and st.next_pos >= total and not st.retry and not st.open:
+            log.info("stream %s completed: %d groups delivered", st.id, st.delivered)
+            return msgspec.structs.replace(st, state="completed", finished_at=self.rt.clock.now())
+        return st
+
+    async def _save(self, st: Stream) -> None:
+        await self.kv.put(st.id, encode(st))
+        self.streams[st.id] = st
+        if st.state in TERMINAL and st.state != "cancelled":
+            await self._end_job(st.id, st.state, st.error)
+
+    async def _end_job(self, stream_id: str, state: str, error: str | None) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            entry = await self.kv_jobs.get(stream_id)
+            if entry.value:
+                job = decode(entry.value, Job)
+                await self.kv_jobs.put(
+                    stream_id,
+                    encode(
+                        msgspec.structs.replace(
+                            job, state=state, finished_at=self.rt.clock.now(), error=error
+                        )
+                    ),
+                )
+
+    async def _load_tasks(self, st: Stream) -> None:
+        try:
+            entry = await self.kv_jobs.get(st.id)
+        except (KeyNotFoundError, NotFoundError):
+            entry = None
+        if entry is None or not entry.value:
+            await self._save(msgspec.structs.replace(st, state="failed", error="its task list was lost"))
+            return
+        self.tasks[st.id] = decode(entry.value, Job).spec.tasks
+
+    def health(self) -> dict[str, object]:
+        running = [s for s in self.streams.values() if s.state == "running"]
+        return {
+            "streams": {
+                s.id: {"version": s.version, "open": len(s.open), "delivered": s.delivered} for s in running
+            }
+        }

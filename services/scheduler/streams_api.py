@@ -1,0 +1,142 @@
+"""REST edge of rollout streams: what the trainer SDK does over NATS, for trainers in other languages.
+
+``POST /v1/streams`` (a job's spec plus ``async_bound``, ``buffer_groups``, ``epochs``, ``shuffle``...),
+``GET``/``DELETE /v1/streams/{id}``, ``POST /v1/streams/{id}/batch`` (blocks like ``get_batch``),
+``POST /v1/streams/{id}/weights`` and ``POST /v1/streams/{id}/lease``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from loom.protocol import BatchTaken, StreamSpec, WeightUpdate, to_builtins
+from loom.service import Runtime
+from loom.trainer.buffer import SampleBuffer, StreamClosed, StreamEnded
+from services.scheduler.streams import StreamError, StreamManager
+from services.scheduler.tasks import SpecError
+
+_STATUS = {"not_found": 404, "gone": 410, "conflict": 409, "unavailable": 503, "update_failed": 502}
+
+
+class BatchQuery(BaseModel):
+    n_groups: int = Field(ge=1, le=10_000)
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+
+
+class WeightsBody(BaseModel):
+    version: int = Field(ge=1)
+    path: str | None = None
+    timeout_s: float = Field(300.0, gt=0, le=3600)
+
+
+def _http(e: StreamError) -> HTTPException:
+    return HTTPException(status_code=_STATUS.get(e.code, 400), detail=e.message)
+
+
+def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_body: Any) -> None:
+    schema = msgspec.json.schema(StreamSpec)
+    buffers: dict[str, SampleBuffer] = {}
+
+    def stream_or_404(stream_id: str) -> Any:
+        try:
+            return streams.get(stream_id)
+        except StreamError as e:
+            raise _http(e) from e
+
+    @app.post(
+        "/v1/streams",
+        status_code=201,
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
+        },
+    )
+    async def create_stream(request: Request) -> JSONResponse:
+        spec = decode_body(await request.body(), StreamSpec)
+        if isinstance(spec, JSONResponse):
+            return spec
+        try:
+            st = await streams.create(spec)
+        except SpecError as e:
+            return JSONResponse(
+                status_code=422,
+                content={"detail": [{"loc": ["body", *e.loc], "msg": e.msg, "type": "value_error"}]},
+            )
+        return JSONResponse(status_code=201, content=to_builtins(st))
+
+    @app.get("/v1/streams")
+    async def list_streams() -> dict[str, Any]:
+        return {
+            "streams": [to_builtins(s) for s in sorted(streams.streams.values(), key=lambda s: s.created_at)]
+        }
+
+    @app.get("/v1/streams/{stream_id}")
+    async def get_stream(stream_id: str) -> dict[str, Any]:
+        return to_builtins(stream_or_404(stream_id))
+
+    @app.delete("/v1/streams/{stream_id}")
+    async def cancel_stream(stream_id: str) -> dict[str, Any]:
+        stream_or_404(stream_id)
+        buf = buffers.pop(stream_id, None)
+        if buf is not None:
+            await buf.close()
+        return to_builtins(await streams.cancel(stream_id))
+
+    @app.post("/v1/streams/{stream_id}/lease")
+    async def renew_lease(stream_id: str) -> dict[str, Any]:
+        stream_or_404(stream_id)
+        try:
+            return to_builtins(await streams.renew(stream_id))
+        except StreamError as e:
+            raise _http(e) from e
+
+    @app.post("/v1/streams/{stream_id}/batch")
+    async def get_batch(stream_id: str, q: BatchQuery) -> dict[str, Any]:
+        """Blocks until ``n_groups`` groups within the bound are ready (408 after ``timeout_s``)."""
+        stream_or_404(stream_id)
+
+        async def read() -> Any:
+            return streams.get(stream_id)
+
+        async def report(taken: BatchTaken) -> None:
+            await streams.taken(taken)
+
+        buf = buffers.get(stream_id)
+        if buf is None:
+            buf = buffers[stream_id] = SampleBuffer(rt.js, stream_id, read, report)
+        try:
+            batch = await buf.take(q.n_groups, q.timeout_s)
+        except TimeoutError as e:
+            raise HTTPException(status_code=408, detail=str(e)) from e
+        except StreamClosed as e:
+            raise HTTPException(status_code=410, detail=str(e)) from e
+        except StreamEnded as e:
+            raise HTTPException(status_code=410, detail=str(e)) from e
+        return {
+            "version": batch.version,
+            "stale": batch.stale,
+            "groups": [
+                {
+                    "group": g.group,
+                    "task_id": g.task_id,
+                    "start_version": g.start_version,
+                    "trajectories": [to_builtins(t) for t in g.trajectories],
+                }
+                for g in batch.groups
+            ],
+        }
+
+    @app.post("/v1/streams/{stream_id}/weights")
+    async def update_weights(stream_id: str, body: WeightsBody) -> dict[str, Any]:
+        stream_or_404(stream_id)
+        try:
+            res = await streams.update_weights(
+                WeightUpdate(stream_id, body.version, body.path, body.timeout_s)
+            )
+        except StreamError as e:
+            raise _http(e) from e
+        return to_builtins(res)

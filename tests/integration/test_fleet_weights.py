@@ -1,0 +1,150 @@
+"""Fleet weight updates on real weights: two rollout workers with the transformers engine (tiny Qwen3
+checkpoints on the CPU), a router and the scheduler over a real nats-server.
+
+- suspend, update, resume: both workers end on the new version, and generations in flight during the update
+  finish under it;
+- a checkpoint one worker cannot load switches no worker, and the call says why;
+- a worker that starts after an update joins the fleet at its version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from nats.aio.client import Client as NATS
+
+from loom import policy
+from loom.bus import BusError, request
+from loom.engine.hf import HFEngine
+from loom.genclient import GenClient
+from loom.protocol import GenRequest, GenResult, StreamSpec, WeightOp, WeightOpReply, subjects
+from loom.service import Runtime
+from loom.trainer.client import StreamClient
+from services.rollout.settings import RolloutSettings
+from services.rollout.worker import RolloutWorker
+from tests.conftest import Services, need_shared
+from tests.integration.helpers import start_router, start_worker, until
+from tests.integration.test_stream_loop import start_scheduler
+
+SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+MODEL = "qwen3-tiny"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("fleet")
+    out = {
+        "v0": policy.save(policy.build_tiny(seed=0, **SMALL), root / "v0"),
+        "v1": policy.save(policy.build_tiny(seed=1, **SMALL), root / "v1"),
+        # Same shape, another vocabulary: a worker serving it cannot load v1.
+        "other": policy.save(policy.build_tiny(seed=2, **{**SMALL, "vocab_size": 151_936}), root / "other"),
+    }
+    yield out
+    torch.set_num_threads(threads)
+
+
+async def start_hf_worker(services: Services, wid: str, path: Path) -> RolloutWorker:
+    holder: list[RolloutWorker] = []
+    settings = RolloutSettings(worker_id=wid, engine="hf", model=MODEL, model_path=str(path), keepalive_s=0.2)
+
+    def build(rt: Runtime) -> RolloutWorker:
+        w = RolloutWorker(rt, settings, HFEngine(str(path), model=MODEL, max_running=8, seed=int(wid[1:])))
+        holder.append(w)
+        return w
+
+    await services.start(wid, "rollout", settings, build)
+    return holder[0]
+
+
+def _req(stream: str, traj: str, n: int) -> GenRequest:
+    ids = [(97 * k + 13) % 5000 + 10 for k in range(24)]
+    return GenRequest(
+        rid=f"{stream}.{traj}.0",
+        job_id=stream,
+        traj_id=traj,
+        step=0,
+        input_len=len(ids),
+        max_new_tokens=n,
+        input_ids=ids,
+        ignore_eos=True,
+        return_logprob=True,
+    )
+
+
+def _stream_spec() -> StreamSpec:
+    # The stream only names the model whose fleet moves; no environment manager runs here.
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    return StreamSpec(model=MODEL, dataset={"name": "swe-replay", "limit": 1}, group_size=1, lease_s=60.0)  # type: ignore[arg-type]
+
+
+async def test_suspend_update_resume_on_real_weight_workers(
+    nc: NATS, services: Services, ckpts: dict[str, Path]
+) -> None:
+    w0 = await start_hf_worker(services, "w0", ckpts["v0"])
+    w1 = await start_hf_worker(services, "w1", ckpts["v0"])
+    router = await start_router(services)
+    await until(lambda: set(router.workers) == {"w0", "w1"}, within_s=20)
+    await start_scheduler(services)
+    stream = await StreamClient.create(nc, _stream_spec())
+    gen = GenClient(nc, lease_s=5.0)
+    try:
+        # Generations long enough to be running on both workers when the update comes.
+        calls = [asyncio.create_task(gen.generate(_req(stream.id, f"t{i}", 1200))) for i in range(4)]
+        await until(lambda: w0.engine.load().running + w1.engine.load().running >= 4, within_s=30)
+        res = await stream.update_weights(1, str(ckpts["v1"]))
+        assert res.workers == ["w0", "w1"] and res.version == 1
+        outs: list[GenResult] = await asyncio.gather(*calls)
+        for out in outs:
+            assert out.finish_reason == "length" and out.output_len == 1200
+            assert out.weight_version == "1"  # finished under the new weights
+            assert out.output_logprobs is not None and len(out.output_logprobs) == 1200
+        assert {out.worker_id for out in outs} == {"w0", "w1"}
+        assert w0.weight_version == w1.weight_version == "1"
+        after = await gen.generate(_req(stream.id, "after", 4))
+        assert after.weight_version == "1"
+        # A worker that (re)starts now joins at version 1, not at the checkpoint it was started with.
+        await services.stop("w1")
+        w1 = await start_hf_worker(services, "w1", ckpts["v0"])
+        assert w1.weight_version == "1"
+    finally:
+        await stream.close()
+
+
+async def test_a_checkpoint_one_worker_cannot_load_switches_none(
+    nc: NATS, services: Services, ckpts: dict[str, Path]
+) -> None:
+    w0 = await start_hf_worker(services, "w0", ckpts["v0"])
+    w1 = await start_hf_worker(services, "w1", ckpts["other"])
+    await start_router(services)
+    await start_scheduler(services)
+    stream = await StreamClient.create(nc, _stream_spec())
+    try:
+        with pytest.raises(BusError, match=r"not loaded, fleet kept: w1: ValueError: .*vocab size"):
+            await stream.update_weights(1, str(ckpts["v1"]))
+        assert w0.weight_version == w1.weight_version == "0"
+        assert (await stream.refresh()).version == 0
+        # Both serve again (resumed), still on their old weights.
+        gen = GenClient(nc, lease_s=5.0)
+        out = await gen.generate(_req(stream.id, "again", 3))
+        assert out.weight_version == "0" and out.output_len == 3
+    finally:
+        await stream.close()
+
+
+async def test_a_pause_whose_scheduler_died_expires(nc: NATS, services: Services) -> None:
+    """A scheduler that dies between pause and resume must not leave the fleet paused for ever."""
+    w = await start_worker(services, "w9")
+    reply = await request(nc, subjects.worker_weights("w9"), WeightOp("pause", "1", None, 0.5), WeightOpReply)
+    assert reply.ok
+    ready = await request(nc, subjects.worker_weights("w9"), WeightOp("prepare", "1", None), WeightOpReply)
+    assert ready.ok
+    await until(lambda: w.m_weight_ops.labels("pause", "expired")._value.get() == 1, within_s=5)
+    # Resumed, the prepared weights discarded: a commit now has nothing to switch to.
+    late = await request(nc, subjects.worker_weights("w9"), WeightOp("commit", "1", None), WeightOpReply)
+    assert not late.ok and w.weight_version == "0"
