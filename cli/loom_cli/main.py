@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import logs
-from loom_cli import bench, images, predictor, simserver
+from loom_cli import bench, images, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
 
@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     simserver.register(sub)
     predictor.add_parser(sub)
     images.add_parser(sub)
+    train_args.add_parser(sub)
 
     d = sub.add_parser("demo", help="run a replayed demo job end to end and print a summary")
     d.add_argument("--prompts", type=int, default=8)
@@ -159,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
             rc = predictor.run(args)
         elif args.cmd == "images":
             rc = images.run(args)
+        elif args.cmd == "train":
+            from loom_cli.train import run as train
+
+            rc = train(args)
         elif args.cmd == "sim-server":
             rc = args.run(args)
         elif args.cmd == "rollmux-demo":

@@ -115,7 +115,7 @@ async def _episode(
         if budget <= 0:
             return steps, "max_tokens"
         scripted = tok.encode(script[k], disallowed_special=()) if script is not None else None
-        want = len(scripted) if scripted is not None else budget
+        want = len(scripted) if scripted is not None else min(budget, work.max_turn_tokens or budget)
         # A real engine needs the tokens; a scripted rollout only their count.
         mc = await call_model(
             ctx, work, k, len(ids), min(want, budget), priority, None if scripted is not None else ids

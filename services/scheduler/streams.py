@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from loom import results
 from loom.bus import request
@@ -105,10 +105,11 @@ class StreamManager:
                 if entry.value:
                     st = decode(entry.value, Stream)
                     self.streams[st.id] = st
-        for st in self.streams.values():
+        for st in list(self.streams.values()):
             if st.state == "running":
                 await self._load_tasks(st)
-                await self._republish_open(st)
+            if st.id in self.tasks:
+                await self._republish_open(self.streams[st.id])
                 self._assemble(st.id)
         rt = self.rt
         await rt.subscribe(subjects.STREAM_CREATE, StreamSpec, self._nats(self._create))
@@ -181,16 +182,17 @@ class StreamManager:
         now = self.rt.clock.now()
         st = Stream(
             id=sid,
-            spec=msgspec.structs.replace(spec, tasks=[]),
+            spec=spec,
             state="running",
             created_at=now,
             lease_until=time.time() + spec.lease_s,
             n_tasks=len(tasks),
         )
-        # Routers and environment managers read a stream's policy and state as any job's.
+        # Routers and environment managers read a stream's policy and state as any job's. Without its tasks:
+        # they read the record per trajectory, and a data set of thousands of tasks made it a megabyte.
         job = Job(
             id=sid,
-            spec=msgspec.structs.replace(job_spec, tasks=tasks),
+            spec=msgspec.structs.replace(job_spec, tasks=[]),
             state="running",
             created_at=now,
             n_trajectories=0,
@@ -567,14 +569,17 @@ class StreamManager:
                 )
 
     async def _load_tasks(self, st: Stream) -> None:
+        """Resolve the stream's tasks again (data sets resolve the same way every time; inline tasks are in
+        its spec)."""
         try:
-            entry = await self.kv_jobs.get(st.id)
-        except (KeyNotFoundError, NotFoundError):
-            entry = None
-        if entry is None or not entry.value:
-            await self._save(msgspec.structs.replace(st, state="failed", error="its task list was lost"))
+            tasks = resolve_tasks(st.spec.job_spec(), self.settings.traces_path)
+        except SpecError as e:
+            await self._save(msgspec.structs.replace(st, state="failed", error=f"its tasks: {e.msg}"))
             return
-        self.tasks[st.id] = decode(entry.value, Job).spec.tasks
+        if len(tasks) != st.n_tasks:
+            await self._save(msgspec.structs.replace(st, state="failed", error="its data set changed"))
+            return
+        self.tasks[st.id] = tasks
 
     def health(self) -> dict[str, object]:
         running = [s for s in self.streams.values() if s.state == "running"]

@@ -108,6 +108,7 @@ def group_works(
             model=spec.model,
             max_turns=spec.max_turns,
             max_tokens=spec.max_tokens,
+            max_turn_tokens=spec.max_turn_tokens,
             tool_latency=spec.tool_latency,
             seed=spec.seed * 1_000_003 + g * 1009 + s,
             scripted=spec.scripted,

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from loom.envs import hotpotqa, tasksets
+from loom.envs import coin, hotpotqa, tasksets
 from loom.envs.base import Env
 from loom.envs.code_env import CodeEnv
 from loom.envs.math_env import MathEnv
@@ -18,8 +18,9 @@ from loom.tokenizer import count_tokens
 # Environment -> the task sets it runs (the first is its default).
 DATASETS: dict[str, tuple[str, ...]] = {
     "code": ("humaneval", "mbpp"),
-    "math": ("gsm8k", "gsm8k-train"),
+    "math": ("gsm8k", "gsm8k-train", "arith", "arith-eval"),
     "search": ("hotpotqa",),
+    "coin": ("coin", "coin-eval"),
 }
 SANDBOXED = frozenset({"code", "math"})
 
@@ -33,6 +34,14 @@ def _load(name: str, path: str | None) -> Mapping[str, Any]:
         return tasksets.mbpp(path)
     if name in ("gsm8k", "gsm8k-train"):
         return tasksets.gsm8k(path, "test" if name == "gsm8k" else "train")
+    if name in ("arith", "arith-eval"):
+        if path is not None:
+            raise ValueError(f"task set {name!r} is generated, not read from a file: give no path")
+        return tasksets.arith("train" if name == "arith" else "eval")
+    if name in ("coin", "coin-eval"):
+        if path is not None:
+            raise ValueError(f"task set {name!r} is generated, not read from a file: give no path")
+        return coin.coin_tasks("train" if name == "coin" else "eval")
     if name == "hotpotqa":
         return {q.id: q for q in hotpotqa.load(path).questions}
     raise KeyError(f"unknown task set {name!r}")
@@ -43,6 +52,8 @@ def statement(task: Any) -> str:
         return task.prompt
     if isinstance(task, tasksets.MathTask):
         return task.question
+    if isinstance(task, coin.CoinTask):
+        return coin.prompt(task)
     return str(task.question)
 
 
@@ -97,6 +108,8 @@ def make(env: str, spec: TaskSpec, sandbox: Sandbox | None, timeout_s: float) ->
     task = task_of(spec)
     if env == "search":
         return SearchEnv(task, index(spec.data.get("path")))
+    if env == "coin":
+        return coin.CoinEnv(task)
     if env not in SANDBOXED:
         raise ValueError(f"unknown environment {env!r}")
     if sandbox is None:

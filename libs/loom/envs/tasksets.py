@@ -1,9 +1,10 @@
-"""Task sets with ground truth from ``../shared/data/tasks``: HumanEval, MBPP (Python) and GSM8K."""
+"""Task sets with ground truth from ``../shared/data/tasks`` (HumanEval, MBPP, GSM8K), and generated arithmetic."""
 
 from __future__ import annotations
 
 import functools
 import json
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,5 +105,64 @@ def gsm8k(path: str | Path | None = None, split: str = "test") -> dict[str, Math
     for i, d in enumerate(_lines(_path(name, path))):
         sol = str(d["answer"])
         t = MathTask(f"gsm8k-{split}/{i}", str(d["question"]), sol, final_answer(sol))
+        out[t.id] = t
+    return out
+
+
+# ---------------------------------------------------------------- generated arithmetic (``arith``)
+
+# Training and held-out sets: their own seeds, and the held-out questions are excluded from training (checked).
+ARITH_SIZES = {"train": 4096, "eval": 512}
+_ARITH_SEEDS = {"train": 0xA817_0001, "eval": 0xA817_0E7A}
+# a * b + c with 3-digit numbers and a 6-digit answer: no one (least of all a tiny model) multiplies that in
+# their head, so the calculator is needed, and the model's part is to copy numbers: the operands into the
+# tool call, the printed result into Finish. Fixed lengths put every copy at a fixed offset, which a small
+# model learns in minutes (with 3-4 digits and varying lengths it needs several times as many steps).
+ARITH_RANGE = (100, 999)
+ARITH_ANSWER_DIGITS = 6
+
+
+def _arith_questions(split: str, n: int, exclude: frozenset[str]) -> list[tuple[int, int, int]]:
+    rng = random.Random(_ARITH_SEEDS[split])
+    lo, hi = ARITH_RANGE
+    seen: set[str] = set()
+    out: list[tuple[int, int, int]] = []
+    while len(out) < n:
+        a, b, c = rng.randint(lo, hi), rng.randint(lo, hi), rng.randint(lo, hi)
+        q = arith_question(a, b, c)
+        if len(str(a * b + c)) != ARITH_ANSWER_DIGITS or q in seen or q in exclude:
+            continue
+        seen.add(q)
+        out.append((a, b, c))
+    return out
+
+
+def arith_question(a: int, b: int, c: int) -> str:
+    """The question, with the expression written as the calculator takes it."""
+    return f"What is {a}*{b}+{c}?"
+
+
+@functools.cache
+def arith(split: str = "train") -> dict[str, MathTask]:
+    """Generated arithmetic for the math environment, deterministic: ``What is a*b+c?`` with a GSM8K-style
+    solution (``<<a*b+c=r>>``), so its reference script is one calculator call and ``Finish[r]``.
+
+    ``train`` (data set ``arith``) and ``eval`` (``arith-eval``) use different seeds, and no held-out
+    question appears in training."""
+    if split not in ARITH_SIZES:
+        raise KeyError(f"unknown arith split {split!r}; known: {sorted(ARITH_SIZES)}")
+    held_out = _arith_questions("eval", ARITH_SIZES["eval"], frozenset())
+    if split == "eval":
+        chosen = held_out
+    else:
+        chosen = _arith_questions(
+            "train", ARITH_SIZES["train"], frozenset(arith_question(*t) for t in held_out)
+        )
+    name = "arith" if split == "train" else "arith-eval"
+    out = {}
+    for i, (a, b, c) in enumerate(chosen):
+        r = a * b + c
+        sol = f"{a} * {b} + {c} = <<{a}*{b}+{c}={r}>>{r}\n#### {r}"
+        t = MathTask(f"{name}/{i}", arith_question(a, b, c), sol, str(r))
         out[t.id] = t
     return out

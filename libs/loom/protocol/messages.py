@@ -33,7 +33,16 @@ class DatasetRef(Struct, forbid_unknown_fields=True):
     """Tasks taken from a named data set instead of listed inline."""
 
     name: Literal[
-        "swe-replay", "humaneval", "mbpp", "gsm8k", "gsm8k-train", "hotpotqa", "arith", "arith-eval"
+        "swe-replay",
+        "humaneval",
+        "mbpp",
+        "gsm8k",
+        "gsm8k-train",
+        "hotpotqa",
+        "arith",
+        "arith-eval",
+        "coin",
+        "coin-eval",
     ]
     path: str | None = None
     offset: NonNeg = 0
@@ -124,13 +133,15 @@ PRESETS: dict[str, ResolvedPolicy] = {
 
 class JobSpec(Struct, forbid_unknown_fields=True):
     name: Annotated[str, Meta(max_length=256)] = ""
-    env: Literal["replay", "code", "math", "search"] = "replay"
+    env: Literal["replay", "code", "math", "search", "coin"] = "replay"
     model: Annotated[str, Meta(min_length=1, max_length=128)] = "qwen3-8b"
     tasks: list[TaskSpec] = []
     dataset: DatasetRef | None = None
     group_size: Annotated[int, Meta(ge=1, le=1024)] = 8
     max_turns: Annotated[int, Meta(ge=1, le=10_000)] = 200
     max_tokens: Annotated[int, Meta(ge=1, le=1_000_000)] = 40_960
+    # Most tokens one call may generate (SGLang's max_new_tokens per turn); None: what is left of max_tokens.
+    max_turn_tokens: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     tool_latency: ToolLatency = msgspec.field(default_factory=ToolLatency)
     policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
     seed: NonNeg = 0
@@ -190,6 +201,7 @@ class TrajWork(Struct):
     max_tokens: Pos
     tool_latency: ToolLatency
     seed: NonNeg = 0
+    max_turn_tokens: Pos | None = None
     scripted: bool = False
     # Samples kept per group; more than this were started when the job asked for redundancy.
     group_size: Pos = 1

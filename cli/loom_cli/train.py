@@ -1,0 +1,330 @@
+"""``loom train``: GRPO on a real policy through Loom's own services, on the CPU.
+
+A small Qwen3-architecture policy (built from a config and warm-started on demonstrations, or a local
+checkpoint with ``--base``) learns a multi-turn task with a tool: ``coin`` (the default: open boxes with a
+tool to find a coin, guided by a clue the demonstrations ignore, so that only RL can learn to use it) or
+``arith`` (arithmetic with a sandboxed Python calculator in the ``math`` environment). Each mode starts the
+embedded system with rollout workers on the transformers engine, opens a rollout stream, and loops: take a
+batch of groups, one GRPO update, save a checkpoint, push it to every worker (``update_weights``). The
+held-out tasks are scored through a Loom job before the first update and after the last; the same steps run
+again with async_bound 0 (synchronous RL) for the wall-time comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import logging
+import random
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loom import bus, policy
+from loom.envs import coin, tasksets
+from loom.protocol import SamplingParams, StreamSpec
+from loom.trainer.client import StreamClient
+from loom.trainer.coin_warmstart import coin_warm_start
+from loom.trainer.grpo import GRPOConfig
+from loom.trainer.grpo_trainer import GRPOTrainer
+from loom.trainer.warmstart import warm_start
+from loom_cli.client import LoomClient
+from loom_cli.deploy import DeployConfig, Deployment, free_port
+from loom_cli.train_report import plot
+
+log = logging.getLogger(__name__)
+MODEL = "qwen3-tiny"
+SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+
+
+@dataclass(frozen=True)
+class Task:
+    env: str
+    train: str
+    heldout: str
+    max_turns: int
+    max_tokens: int
+    turn_tokens: int
+
+
+TASKS = {
+    # Open[N] with its stop token is about six tokens; four tries at most.
+    "coin": Task("coin", "coin", "coin-eval", max_turns=4, max_tokens=32, turn_tokens=8),
+    "arith": Task("math", "arith", "arith-eval", max_turns=3, max_tokens=96, turn_tokens=48),
+}
+
+
+@dataclass
+class TrainConfig:
+    task: str = "coin"
+    steps: int = 60
+    groups: int = 8
+    group_size: int = 8
+    async_bound: int = 1
+    workers: int = 1
+    warm_steps: int = 300
+    eval_tasks: int = 300
+    eval_samples: int = 2
+    seed: int = 0
+    base: str | None = None
+    model: dict[str, Any] = field(default_factory=lambda: dict(SMALL))
+    sync: bool = True
+    lr: float = 5e-4
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "quick": {"steps": 20, "eval_tasks": 200},
+    # For `make test`: the smallest run that still goes through every part.
+    "tiny": {"steps": 2, "groups": 2, "group_size": 4, "warm_steps": 30, "eval_tasks": 8, "eval_samples": 1},
+}
+
+
+@dataclass
+class ModeResult:
+    async_bound: int
+    wall_s: float
+    steps: list[dict[str, Any]]
+    eval_first: dict[str, float] = field(default_factory=dict)
+    eval_last: dict[str, float] = field(default_factory=dict)
+
+
+def config_of(args: argparse.Namespace) -> TrainConfig:
+    preset = "tiny" if args.tiny else "quick" if args.quick else "full"
+    cfg = TrainConfig(**PRESETS[preset])
+    names = ("task", "steps", "groups", "group_size", "async_bound", "workers", "warm_steps", "eval_tasks")
+    for name in (*names, "seed", "lr"):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(cfg, name, v)
+    cfg.base = args.base
+    cfg.sync = not args.no_sync
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_of(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    ckpt0 = initial_checkpoint(cfg, out, console)
+    modes = [cfg.async_bound] + ([0] if cfg.sync and cfg.async_bound != 0 else [])
+    results = [asyncio.run(run_mode(cfg, a, ckpt0, out / f"alpha{a}", a == modes[0], console)) for a in modes]
+    main = results[0]
+    summary = summarize(cfg, main, results[1] if len(results) > 1 else None)
+    summary["total_wall_s"] = round(time.monotonic() - t0, 1)
+    (out / "train.json").write_text(
+        json.dumps({"summary": summary, "modes": [asdict(r) for r in results]}, indent=2)
+    )
+    plot(results, out / "train.png")
+    console.print(f"plot: {out / 'train.png'}; report: {out / 'train.json'}")
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        console.print_json(json.dumps(summary))
+    return 0
+
+
+def initial_checkpoint(cfg: TrainConfig, out: Path, console: Console) -> Path:
+    """Version 0: the base checkpoint, or a tiny policy warm-started on demonstrations."""
+    if cfg.base is not None:
+        return Path(cfg.base)
+    model = policy.build_tiny(seed=cfg.seed, **cfg.model)
+    if cfg.warm_steps > 0:
+        if cfg.task == "coin":
+            # ReAct actions (Open[N]) are the shortest form the environment parses.
+            demos = list(coin.coin_tasks("train").values())
+            fn: Any = functools.partial(coin_warm_start, model, demos, form="react")
+        else:
+            fn = functools.partial(warm_start, model, list(tasksets.arith("train").values()))
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=console) as progress:
+            bar = progress.add_task("warm start", total=cfg.warm_steps)
+            res = fn(
+                steps=cfg.warm_steps,
+                seed=cfg.seed,
+                log=lambda m: progress.update(
+                    bar, completed=m["step"] + 1, description=f"warm start loss {m['loss']:.3f}"
+                ),
+            )
+        console.print(f"warm start: {cfg.warm_steps} steps, loss {res['loss']:.3f}")
+    return policy.save(model, out / "ckpt" / "v0")
+
+
+def stream_spec(cfg: TrainConfig, alpha: int) -> StreamSpec:
+    task = TASKS[cfg.task]
+    return StreamSpec(
+        name=f"loom train (async_bound {alpha})",
+        env=task.env,  # type: ignore[arg-type]
+        model=MODEL,
+        dataset={"name": task.train},  # type: ignore[arg-type]
+        group_size=cfg.group_size,
+        max_turns=task.max_turns,
+        max_tokens=task.max_tokens,
+        max_turn_tokens=task.turn_tokens,
+        sampling=SamplingParams(temperature=1.0, logprobs=True),
+        tool_timeout_s=10.0,
+        seed=cfg.seed,
+        async_bound=alpha,
+        # Synchronous RL generates exactly one batch per version; asynchronous keeps the next one coming.
+        buffer_groups=cfg.groups * (2 if alpha > 0 else 1),
+        epochs=None,
+        shuffle_seed=cfg.seed,
+    )
+
+
+async def run_mode(
+    cfg: TrainConfig, alpha: int, ckpt0: Path, out: Path, evaluate: bool, console: Console
+) -> ModeResult:
+    dep = Deployment(
+        DeployConfig(
+            home=out / "loom",
+            workers=cfg.workers,
+            api_port=free_port(),
+            model=MODEL,
+            engine="hf",
+            model_path=str(ckpt0),
+            log_level="WARNING",
+            extra_env={"LOOM_ROLLOUT_THREADS": "1", "LOOM_ROLLOUT_MAX_RUNNING": "64"},
+        )
+    )
+    console.print(f"[bold]async_bound {alpha}[/]: {cfg.workers} worker(s), logs in {dep.cfg.home / 'logs'}")
+    await dep.start(wait_s=180)
+    result = ModeResult(alpha, 0.0, [])
+    try:
+        if evaluate:
+            result.eval_first = await asyncio.to_thread(score_heldout, dep.api_url, cfg, console, "before")
+        nc = await bus.connect(dep.nats.url, "loom-train")
+        torch.manual_seed(cfg.seed)
+        trainer = GRPOTrainer(policy.load(ckpt0), GRPOConfig(lr=cfg.lr))
+        t0 = time.monotonic()
+        stream = await StreamClient.create(nc, stream_spec(cfg, alpha))
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        try:
+            with Progress(*cols, console=console) as progress:
+                bar = progress.add_task(f"train (async_bound {alpha})", total=cfg.steps)
+                for step in range(cfg.steps):
+                    batch = await stream.get_batch(cfg.groups, timeout=900)
+                    waited = batch.waited_s
+                    rep = await asyncio.to_thread(trainer.step, batch)
+                    path = await asyncio.to_thread(trainer.save, out / "ckpt" / f"v{step + 1}")
+                    upd = await stream.update_weights(step + 1, str(path))
+                    result.steps.append(
+                        {
+                            "step": step + 1,
+                            "wall_s": round(time.monotonic() - t0, 2),
+                            "batch_version": rep.version,
+                            "reward": round(rep.reward_mean, 4),
+                            "staleness_max": rep.staleness_max,
+                            "staleness_mean": round(rep.staleness_mean, 3),
+                            "stale_dropped": batch.stale,
+                            "trained": rep.trained,
+                            "skipped": rep.skipped,
+                            "wait_s": round(waited, 2),
+                            "train_s": round(rep.train_s, 2),
+                            "update_s": round(upd.total_s, 2),
+                            **{k: round(v, 4) for k, v in rep.metrics.items()},
+                        }
+                    )
+                    progress.update(
+                        bar,
+                        completed=step + 1,
+                        description=f"train (async_bound {alpha}) reward {rep.reward_mean:.2f}",
+                    )
+            result.wall_s = round(time.monotonic() - t0, 1)
+        finally:
+            await stream.close()
+            await nc.drain()
+        if evaluate:
+            result.eval_last = await asyncio.to_thread(score_heldout, dep.api_url, cfg, console, "after")
+    finally:
+        await dep.stop()
+    return result
+
+
+def score_heldout(api: str, cfg: TrainConfig, console: Console, label: str) -> dict[str, float]:
+    """Mean reward per held-out task of the policy the fleet serves now, through a Loom job."""
+    task = TASKS[cfg.task]
+    client = LoomClient(api)
+    try:
+        job = client.submit(
+            {
+                "name": f"loom train: held-out eval {label}",
+                "env": task.env,
+                "model": MODEL,
+                "dataset": {"name": task.heldout, "limit": cfg.eval_tasks},
+                "group_size": cfg.eval_samples,
+                "max_turns": task.max_turns,
+                "max_tokens": task.max_tokens,
+                "max_turn_tokens": task.turn_tokens,
+                "sampling": {"temperature": 1.0},
+                "seed": cfg.seed,
+            }
+        )
+        deadline = time.monotonic() + 900
+        while job["state"] not in ("completed", "cancelled", "failed"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"held-out eval {job['id']} did not finish")
+            time.sleep(0.5)
+            job = client.job(job["id"])
+        per_task: dict[str, list[float]] = defaultdict(list)
+        for line in client.trajectories(job["id"]):
+            t = json.loads(line)
+            per_task[t["task_id"]].append(float(t["reward"] or 0.0))
+    finally:
+        client.close()
+    scores = {k: statistics.fmean(v) for k, v in per_task.items()}
+    console.print(
+        f"held-out reward {label}: {statistics.fmean(scores.values()):.3f} over {len(scores)} tasks"
+    )
+    return scores
+
+
+def paired_gain_ci(
+    first: dict[str, float], last: dict[str, float], n: int = 4000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean gain over the tasks both evaluations scored, with a 95% percentile-bootstrap interval."""
+    keys = sorted(set(first) & set(last))
+    if not keys:
+        return 0.0, 0.0, 0.0
+    d = [last[k] - first[k] for k in keys]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(d, k=len(d))) for _ in range(n))
+    return statistics.fmean(d), means[int(0.025 * n)], means[int(0.975 * n) - 1]
+
+
+def summarize(cfg: TrainConfig, main: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
+    gain, lo, hi = paired_gain_ci(main.eval_first, main.eval_last, seed=cfg.seed)
+    first = statistics.fmean(main.eval_first.values()) if main.eval_first else None
+    last = statistics.fmean(main.eval_last.values()) if main.eval_last else None
+    k = max(1, min(3, len(main.steps) // 3))
+    batch_rewards = [s["reward"] for s in main.steps]
+    out: dict[str, Any] = {
+        "reward_first": None if first is None else round(first, 4),
+        "reward_last": None if last is None else round(last, 4),
+        "reward_gain": round(gain, 4),
+        "reward_gain_ci95": [round(lo, 4), round(hi, 4)],
+        "eval_tasks": len(main.eval_first),
+        "train_reward_first": round(statistics.fmean(batch_rewards[:k]), 4) if batch_rewards else None,
+        "train_reward_last": round(statistics.fmean(batch_rewards[-k:]), 4) if batch_rewards else None,
+        "steps": len(main.steps),
+        "weight_versions": len(main.steps) + 1,
+        "max_staleness": max((s["staleness_max"] for s in main.steps), default=0),
+        "async_bound": main.async_bound,
+        "wall_s": main.wall_s,
+        "sync_wall_s": sync.wall_s if sync is not None else None,
+    }
+    if sync is not None and main.wall_s > 0:
+        out["speedup_vs_sync"] = round(sync.wall_s / main.wall_s, 3)
+    return out

@@ -1,0 +1,55 @@
+"""`loom train --tiny`: the whole training loop through Loom's services, as a user runs it (subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LOOM = str(Path(sys.executable).parent / "loom")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+KEYS = {
+    "reward_first",
+    "reward_last",
+    "reward_gain_ci95",
+    "steps",
+    "weight_versions",
+    "max_staleness",
+    "async_bound",
+    "wall_s",
+    "sync_wall_s",
+}
+
+
+def test_loom_train_tiny_runs_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "train"
+    r = subprocess.run(
+        [LOOM, "train", "--tiny", "--json", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(summary) >= KEYS, summary
+    assert summary["steps"] == 2 and summary["weight_versions"] == 3
+    assert summary["async_bound"] == 1 and 0 <= summary["max_staleness"] <= 1
+    assert summary["eval_tasks"] == 8 and 0.0 <= summary["reward_first"] <= 1.0
+    lo, hi = summary["reward_gain_ci95"]
+    assert lo <= summary["reward_gain"] <= hi
+    assert summary["wall_s"] > 0 and summary["sync_wall_s"] > 0
+    report = json.loads((out / "train.json").read_text())
+    modes = {m["async_bound"]: m for m in report["modes"]}
+    assert set(modes) == {0, 1}
+    for alpha, m in modes.items():
+        assert [s["step"] for s in m["steps"]] == [1, 2]
+        assert all(s["staleness_max"] <= alpha and s["trained"] + s["skipped"] == 8 for s in m["steps"])
+    # Every checkpoint the trainer pushed is on disk, and the plot was drawn.
+    assert all((out / "alpha1" / "ckpt" / f"v{v}" / "config.json").is_file() for v in (1, 2))
+    assert (out / "train.png").stat().st_size > 10_000
