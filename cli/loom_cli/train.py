@@ -2,8 +2,9 @@
 
 A small Qwen3-architecture policy (built from a config and warm-started on demonstrations, or a local
 checkpoint with ``--base``) learns a multi-turn task with a tool: ``coin`` (the default: open boxes with a
-tool to find a coin, guided by a clue the demonstrations ignore, so that only RL can learn to use it) or
-``arith`` (arithmetic with a sandboxed Python calculator in the ``math`` environment). Each mode starts the
+tool to find a coin, guided by a clue; the warm start imitates a careless player who follows the clue in half
+of the games and writes one call in seven as ``Open[three]``, which ends the game) or ``arith`` (arithmetic
+with a sandboxed Python calculator in the ``math`` environment). Each mode starts the
 embedded system with rollout workers on the transformers engine, opens a rollout stream, and loops: take a
 batch of groups, one GRPO update, save a checkpoint, push it to every worker (``update_weights``). The
 held-out tasks are scored through a Loom job before the first update and after the last; the same steps run
@@ -36,7 +37,7 @@ from loom.trainer.client import StreamClient
 from loom.trainer.coin_warmstart import coin_warm_start
 from loom.trainer.grpo import GRPOConfig
 from loom.trainer.grpo_trainer import GRPOTrainer
-from loom.trainer.warmstart import warm_start
+from loom.trainer.warmstart import TINY_POLICY, warm_start
 from loom_cli.client import LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, free_port
 from loom_cli.train_report import plot
@@ -76,9 +77,13 @@ class TrainConfig:
     eval_samples: int = 2
     seed: int = 0
     base: str | None = None
-    model: dict[str, Any] = field(default_factory=lambda: dict(SMALL))
+    # Overrides of loom.policy.TINY; None: the one each task's recipe was measured with.
+    model: dict[str, Any] | None = None
     sync: bool = True
-    lr: float = 5e-4
+    lr: float = 1e-3
+    # The coin warm start's demonstrator: share of games that follow the clue, share of careless calls.
+    follow: float = 0.5
+    slip: float = 0.15
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -140,12 +145,15 @@ def initial_checkpoint(cfg: TrainConfig, out: Path, console: Console) -> Path:
     """Version 0: the base checkpoint, or a tiny policy warm-started on demonstrations."""
     if cfg.base is not None:
         return Path(cfg.base)
-    model = policy.build_tiny(seed=cfg.seed, **cfg.model)
+    shape = cfg.model if cfg.model is not None else SMALL if cfg.task == "coin" else TINY_POLICY
+    model = policy.build_tiny(seed=cfg.seed, **shape)
     if cfg.warm_steps > 0:
         if cfg.task == "coin":
             # ReAct actions (Open[N]) are the shortest form the environment parses.
             demos = list(coin.coin_tasks("train").values())
-            fn: Any = functools.partial(coin_warm_start, model, demos, form="react")
+            fn: Any = functools.partial(
+                coin_warm_start, model, demos, form="react", follow=cfg.follow, slip=cfg.slip
+            )
         else:
             fn = functools.partial(warm_start, model, list(tasksets.arith("train").values()))
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -177,8 +185,10 @@ def stream_spec(cfg: TrainConfig, alpha: int) -> StreamSpec:
         tool_timeout_s=10.0,
         seed=cfg.seed,
         async_bound=alpha,
-        # Synchronous RL generates exactly one batch per version; asynchronous keeps the next one coming.
-        buffer_groups=cfg.groups * (2 if alpha > 0 else 1),
+        # alpha batches in flight: each batch is started by the version that trains alpha batches earlier,
+        # so none is dropped as stale; alpha = 0 generates one batch per version (synchronous RL), alpha = 1
+        # the next batch while this one trains (StreamRL's one-off overlap).
+        buffer_groups=cfg.groups * max(1, alpha),
         epochs=None,
         shuffle_seed=cfg.seed,
     )

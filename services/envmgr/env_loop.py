@@ -157,7 +157,7 @@ async def _tool(work: TrajWork, ctx: LoopContext, env: Env, text: str) -> Observ
     except actions.ParseError as e:
         if ctx.metrics:
             ctx.metrics.failures.labels(work.env, "parse").inc()
-        return Observation(f"Invalid action: {e}")
+        return Observation(actions.invalid(e))
     t0 = time.perf_counter()
 
     async def step() -> Observation:

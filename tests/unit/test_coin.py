@@ -14,7 +14,7 @@ from loom.envs import actions, coin
 from loom.envs.actions import ToolCall
 from loom.envs.coin import CoinEnv, CoinTask, coin_tasks
 from loom.policy import STOP_IDS, build_tiny
-from loom.trainer.coin_warmstart import blind_sequence, coin_warm_start, play_sequence
+from loom.trainer.coin_warmstart import coin_warm_start, demonstration, play_sequence
 from loom.trainer.warmstart import WarmStartConfig
 from tests.conftest import need_shared
 
@@ -165,7 +165,9 @@ def test_warm_start_sequences_are_the_live_transcript() -> None:
     from loom.tokenizer import qwen_tokenizer
 
     task = CoinTask("t", 6, 3, "even", 0, 4)
-    f = play_sequence(task, [1, 4, 2])  # the game ends at box 4: the third call is left out
+    f = play_sequence(
+        task, [coin.open_action(b) for b in (1, 4, 2)]
+    )  # the game ends at box 4: box 2 is left out
     p = encode(coin.prompt(task))
     a1, a4 = [*encode("Open[1]"), STOP_IDS[0]], [*encode("Open[4]"), STOP_IDS[0]]
     o1 = observation_ids("Box 1 is empty.")
@@ -176,17 +178,47 @@ def test_warm_start_sequences_are_the_live_transcript() -> None:
     assert text == coin.prompt(task) + "Open[1]\nObservation: Box 1 is empty.\nOpen[4]"
     assert action_text(a4) == "Open[4]"
     # The JSON form builds the same transcript around the tool call.
-    j = play_sequence(task, [4], form="json")
+    j = play_sequence(task, [coin.open_action(4, "json")])
     assert j.ids.tolist() == [*p, *encode(coin.open_action(4, "json")), STOP_IDS[0]]
     # Blind demonstrations: distinct boxes, outputs scored, the last call ends the game.
     rng = random.Random(0)
     for _ in range(50):
-        b = blind_sequence(task, rng)
+        b = play_sequence(task, demonstration(task, rng))
         scored = b.ids[b.loss_mask.bool()].tolist()
         calls = qwen_tokenizer().decode([i for i in scored if i not in STOP_IDS])
         boxes = [int(c) for c in calls.replace("Open[", " ").replace("]", " ").split()]
         assert len(set(boxes)) == len(boxes) and (boxes[-1] == 4 or len(boxes) == 3)
         assert scored.count(STOP_IDS[0]) == len(boxes)
+
+
+def test_demonstrations_follow_the_clue_and_slip_as_asked() -> None:
+    need_shared("data/tokenizer/qwen.tiktoken")
+    from loom.envs.transcript import encode, observation_ids
+
+    task = CoinTask("t", 8, 4, "square", 0, 4)  # the clue allows boxes 1 and 4
+    rng = random.Random(1)
+    for _ in range(30):
+        calls = demonstration(task, rng, follow=1.0)
+        assert set(calls) <= {"Open[1]", "Open[4]"} and calls[-1] == "Open[4]"
+    slips = [c for _ in range(400) for c in demonstration(task, rng, slip=0.3)]
+    share = sum(not c[5].isdigit() for c in slips) / len(slips)
+    assert 0.25 < share < 0.35 and all(c.startswith("Open[") for c in slips)
+    # A careless call names its box in words: the game ends there with reward 0, in either form.
+    for form in ("react", "json"):
+        env = CoinEnv(task)
+        obs = env.act(actions.parse(coin.sloppy_action(4, form)))
+        assert obs.done and env.verdict()["reason"] == "no box number" and env.verdict()["score"] == 0.0
+    sloppy = play_sequence(task, ["Open[four]", "Open[4]"])
+    assert sloppy.loss_mask.sum() == len(encode("Open[four]")) + 1
+    # A call the loop cannot parse spends a turn, as in the live loop: the observation says so, the game goes on.
+    f = play_sequence(task, ["open[4]", "Open[4]"])
+    try:
+        actions.parse("open[4]")
+    except actions.ParseError as e:
+        invalid = observation_ids(actions.invalid(e))
+    ids = f.ids.tolist()
+    assert invalid and any(ids[i : i + len(invalid)] == invalid for i in range(len(ids)))
+    assert f.loss_mask.sum() == len(encode("open[4]")) + len(encode("Open[4]")) + 2
 
 
 def test_coin_warm_start_fits_the_demonstrations() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from loom.policy import TINY
+from loom.policy import TINY, build_tiny
 from loom.protocol.messages import Step, Trajectory
 from loom.trainer import grpo
 from loom.trainer.grpo import GRPOConfig
@@ -147,12 +147,13 @@ def test_chunked_head_matches_log_softmax_in_value_and_gradient(temperature: flo
 
 
 @pytest.mark.parametrize("right", [True, False])
+@pytest.mark.parametrize("frozen", [False, True])
 def test_head_gradient_computed_ahead_matches_and_a_wrong_prediction_is_caught(
-    right: bool, monkeypatch: pytest.MonkeyPatch
+    right: bool, frozen: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g = torch.Generator().manual_seed(2)
     h = torch.randn(19, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(40, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 8, generator=g, dtype=torch.float64, requires_grad=not frozen)
     y = torch.randint(0, 40, (19,), generator=g)
     up = torch.randn(19, generator=g, dtype=torch.float64)
 
@@ -168,9 +169,21 @@ def test_head_gradient_computed_ahead_matches_and_a_wrong_prediction_is_caught(
     loss_of(grpo.head_logprobs(h, w, y, 0.7, chunk=5, grad_of=grad_of)).backward()
     gh, gw = h.grad, w.grad
     assert len(calls) == (4 if right else 8)  # 4 chunks ahead, and again in the backward pass when wrong
+    assert (gw is None) == frozen  # a frozen head skips its weight-gradient product
     h.grad = w.grad = None
     loss_of(torch.log_softmax(h @ w.t() / 0.7, -1).gather(1, y[:, None])[:, 0]).backward()
-    assert torch.allclose(gh, h.grad, atol=1e-10) and torch.allclose(gw, w.grad, atol=1e-10)  # type: ignore[arg-type]
+    assert torch.allclose(gh, h.grad, atol=1e-10)  # type: ignore[arg-type]
+    assert frozen or torch.allclose(gw, w.grad, atol=1e-10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("train_embeddings", [False, True])
+def test_the_optimizer_leaves_embeddings_alone_unless_asked(train_embeddings: bool) -> None:
+    model = build_tiny(0, num_hidden_layers=1, hidden_size=16, intermediate_size=32, head_dim=8)
+    emb = model.get_input_embeddings().weight
+    opt = grpo.make_optimizer(model, grpo.GRPOConfig(train_embeddings=train_embeddings))
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    assert (id(emb) in held) == train_embeddings == emb.requires_grad
+    assert all(id(p) in held for n, p in model.named_parameters() if "layers" in n)
 
 
 def test_train_step_gradient_is_the_decoupled_ppo_gradient() -> None:

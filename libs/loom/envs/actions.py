@@ -63,6 +63,12 @@ def parse(text: str) -> ToolCall:
     raise ParseError("no action found: expected 'Action: Tool[input]' or a <tool_call> JSON object")
 
 
+def invalid(error: ParseError) -> str:
+    """The observation an environment loop answers a call it cannot parse with (the turn is spent, the
+    trajectory goes on)."""
+    return f"Invalid action: {error}"
+
+
 def json_call(name: str, **arguments: Any) -> str:
     """How a scripted action is written: the Qwen3 tool-call format."""
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

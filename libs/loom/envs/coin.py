@@ -178,6 +178,17 @@ def open_action(box: int, form: str = "react") -> str:
     raise ValueError(f"unknown action form {form!r}: json or react")
 
 
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def sloppy_action(box: int, form: str = "react") -> str:
+    """A careless call for ``box``: its number written as a word (``Open[three]``), which ``open`` does not
+    take, so the game ends with reward 0."""
+    if form == "json":
+        return json_call("open", box=_WORDS[box])
+    return f"Open[{_WORDS[box]}]"
+
+
 def blind_play(task: CoinTask, rng: random.Random) -> list[int]:
     """A legal play that ignores the clue: distinct boxes in random order until the coin or the last try."""
     order = rng.sample(range(1, task.boxes + 1), task.boxes)[: task.tries]
@@ -261,9 +272,9 @@ class CoinEnv:
         return self.act(call)
 
     def reference_actions(self) -> list[str]:
-        """A legal play that ignores the clue (distinct boxes, seeded by the task id) as ``Open[N]`` calls: the
-        kind of play the warm start demonstrates, leaving the clue to RL. It finds the coin in ``tries / boxes``
-        of games on average (a script that does not find it ends when the tries run out)."""
+        """A legal play that ignores the clue (distinct boxes, seeded by the task id) as ``Open[N]`` calls, as
+        the warm start's demonstrator plays half of its games. It finds the coin in ``tries / boxes`` of games
+        on average (a script that does not find it ends when the tries run out)."""
         return [open_action(b) for b in blind_play(self.task, random.Random(self.task.id))]
 
     def verdict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 
 from loom import policy
 from loom.trainer.buffer import Batch as StreamBatch
-from loom.trainer.grpo import GRPOConfig, collate, flatten, group_advantages, train_step
+from loom.trainer.grpo import GRPOConfig, collate, flatten, group_advantages, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class GRPOTrainer:
     def __init__(self, model: torch.nn.Module, cfg: GRPOConfig) -> None:
         self.model = model
         self.cfg = cfg
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(model, cfg)
 
     def step(self, batch: StreamBatch) -> StepReport:
         t0 = time.perf_counter()
