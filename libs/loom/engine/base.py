@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -92,3 +94,12 @@ class Engine(Protocol):
         """Hold every request where it is (queued and running ones wait, none fails) until ``resume``."""
 
     async def resume(self) -> None: ...
+
+
+async def cancel_loop(task: asyncio.Task[None] | None) -> None:
+    """Stop an engine's iteration loop and wait until it has (a closing engine calls this after aborting
+    its requests)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from loom import policy
-from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.hf_batch import BatchKV, FinishReason, Seq, prefill, request_generator, sample
 
 __all__ = ["HFEngine"]
@@ -95,11 +95,8 @@ class HFEngine:
         self._closed = True
         for rid in list(self._seqs):
             self._abort(rid)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_loop(self._task)
+        self._task = None
         # Let an iteration still on the worker thread finish before the tensors go.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
         self._batch.clear()

@@ -331,18 +331,12 @@ class SGLangEngine:
     async def _answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         """Status and JSON body of an endpoint that reports failure in its body (``success``, ``message``),
         with HTTP 400, as SGLang's weight updates do."""
-        session = self._require_session()
-        url = self.url + path
+        url, status, text = await self._request(method, path, body)
         try:
-            async with session.request(method, url, json=body) as resp:
-                text = await resp.text()
-        except aiohttp.ClientError as e:
-            raise SGLangError(f"{method} {url}: {e}") from e
-        try:
-            return resp.status, json.loads(text)
+            return status, json.loads(text)
         except ValueError:
-            if resp.status >= 300:
-                raise SGLangError(f"{method} {url}: HTTP {resp.status}: {text.strip()}") from None
+            if status >= 300:
+                raise SGLangError(f"{method} {url}: HTTP {status}: {text.strip()}") from None
             raise SGLangError(f"{method} {url}: not JSON: {text.strip()[:200]}") from None
 
     def _require_session(self) -> aiohttp.ClientSession:
@@ -350,18 +344,24 @@ class SGLangEngine:
             raise RuntimeError("SGLangEngine is not running: await start() first")
         return self._session
 
-    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[str, int, str]:
+        """The URL, HTTP status and body text of one call; a connection failure is an SGLangError."""
         session = self._require_session()
         url = self.url + path
         try:
             async with session.request(method, url, json=body) as resp:
-                text = await resp.text()
+                return url, resp.status, await resp.text()
         except aiohttp.ClientError as e:
             raise SGLangError(f"{method} {url}: {e}") from e
-        if resp.status == 400:
+
+    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        url, status, text = await self._request(method, path, body)
+        if status == 400:
             raise ValueError(f"{method} {url}: HTTP 400: {_message(text)}")
-        if resp.status >= 300:
-            raise SGLangError(f"{method} {url}: HTTP {resp.status}: {_message(text)}")
+        if status >= 300:
+            raise SGLangError(f"{method} {url}: HTTP {status}: {_message(text)}")
         return text
 
 

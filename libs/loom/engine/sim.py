@@ -8,7 +8,7 @@ import itertools
 import os
 
 from loom.clock import Clock
-from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.sim_core import SimCore, build_core
 
 __all__ = ["SimCore", "SimEngine"]
@@ -72,11 +72,8 @@ class SimEngine:
         self._closed = True
         for rid in list(self._futures):
             self._abort(rid)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_loop(self._task)
+        self._task = None
 
     async def generate(self, req: EngineRequest) -> EngineOutput:
         if self._task is None or self._task.done() or self._closed:
