@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import need_shared
 from tests.e2e.conftest import LOOM
 
@@ -153,3 +155,16 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     for batch in ("b1", "b32"):
         assert 0 < out["latency_ms"][batch]["p50"] <= out["latency_ms"][batch]["p99"]
     assert (tmp_path / "progressive" / "model.onnx").exists()
+
+
+def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    out = _bench("async", "--quick", "--out", str(tmp_path))
+    assert set(out["step_time_s"]) == {"sync", "one-off", "async-1", "async-2"}
+    t = out["step_time_s"]
+    assert t["async-1"] < t["one-off"] < t["sync"]
+    assert out["speedup_vs_sync"] == round(t["sync"] / t["async-1"], 3)
+    assert set(out["aborted_fraction"]) == {"1", "2"}
+    for r in out["runs"]:
+        assert r["step_time_s"] == pytest.approx(r["wait_s"] + r["train_s"] + r["sync_s"], rel=0.01)
+    assert (tmp_path / "report.md").exists() and (tmp_path / "terms.png").exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import statistics
 
+import pytest
+
 from loom.tokenizer import count_tokens, qwen_tokenizer
 from loom.workloads import coding, search, tool_use
 from loom.workloads.base import MAX_OUTPUT, WorkStep, cap_output
@@ -74,3 +76,17 @@ def test_output_cap_truncates_the_last_call() -> None:
     steps = [WorkStep(10, 30_000, 1.0), WorkStep(20, 30_000, 1.0), WorkStep(30, 5, 1.0)]
     capped = cap_output(steps)
     assert [s.output_len for s in capped] == [30_000, MAX_OUTPUT - 30_000] and capped[-1].env_s == 0.0
+
+
+def test_the_mix_interleaves_tagged_groups_of_every_task_within_32k() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    from loom.workloads.mix import mixed
+
+    w = mixed(prompts=6, group_size=8)
+    tasks = [t.task for t in w.trajectories]
+    assert tasks[:24] == ["coding"] * 8 + ["search"] * 8 + ["tool_use"] * 8
+    assert {k: tasks.count(k) for k in set(tasks)} == {"coding": 48, "search": 48, "tool_use": 48}
+    assert w.groups == 18 and all(t.prompt.startswith(t.task + "/") for t in w.trajectories)
+    assert all(s.input_len + s.output_len <= 32_768 for t in w.trajectories for s in t.steps)
+    with pytest.raises(ValueError, match="unknown tasks"):
+        mixed(tasks=("chess",))

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from loom_cli.bench import (
+    async_train,
     engine,
     envs,
     heddle_suite,
@@ -25,6 +26,7 @@ from loom_cli.bench import (
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
+    async_train.BENCHMARK,
     engine.BENCHMARK,
     envs.BENCHMARK,
     heddle_suite.BENCHMARK,

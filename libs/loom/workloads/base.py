@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
+# RollArt §7.1: a maximum context length of 32K tokens.
+ROLLART_CONTEXT = 32_768
 
 
 def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
@@ -36,10 +38,16 @@ class WorkTraj:
     sample: int
     steps: tuple[WorkStep, ...]
     reward: float | None = None
+    task: str = ""  # the workload it came from, for multi-task batches and hardware affinity
 
     @functools.cached_property
     def output_tokens(self) -> int:
         return sum(s.output_len for s in self.steps)
+
+    @property
+    def final_context(self) -> int:
+        """Tokens of the whole trajectory as one sequence (what a trainer trains on)."""
+        return self.steps[-1].input_len + self.steps[-1].output_len if self.steps else 0
 
 
 @dataclass
@@ -65,4 +73,21 @@ def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[Wor
     if out:
         last = out[-1]
         out[-1] = WorkStep(last.input_len, last.output_len, 0.0)
+    return tuple(out)
+
+
+def cap_context(steps: tuple[WorkStep, ...], max_context: int = ROLLART_CONTEXT) -> tuple[WorkStep, ...]:
+    """Cut a trajectory where its context reaches ``max_context`` tokens: the call that crosses it generates
+    up to the limit and is the last (a call whose input alone is over it never runs)."""
+    out: list[WorkStep] = []
+    for s in steps:
+        room = max_context - s.input_len
+        if room <= 0:
+            break
+        if s.output_len >= room:
+            out.append(WorkStep(s.input_len, room, 0.0))
+            break
+        out.append(s)
+    if out and out[-1].env_s:
+        out[-1] = WorkStep(out[-1].input_len, out[-1].output_len, 0.0)
     return tuple(out)

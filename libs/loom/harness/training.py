@@ -1,0 +1,330 @@
+"""Whole RL training steps in virtual time: a rollout fleet of simulated engines feeding a trainer.
+
+The loop is the live one (``services/scheduler/streams.py`` with ``loom.trainer``), on the virtual clock and
+with the same rules from ``loom.policies.staleness``: groups start from the data set while the buffer has
+room and the bound would still admit them when the trainer can next take them; the trainer takes the first
+``batch_groups`` complete groups the bound admits (stale ones are dropped and their prompts sampled again),
+trains (``TrainStage``: the tokens it trains, at the calibrated MFU), then moves the fleet to the new weights:
+the engines pause for the transfer (RollArt Table 3) and commit, running requests recomputing their KV
+(``SimCore.commit_weights``), and the trajectories the bound no longer admits are aborted with their
+groups, which start again. Three modes are settings of those rules:
+
+- ``sync`` (veRL): bound 0, one batch in flight; rollout waits while the batch trains.
+- ``one-off`` (StreamRL): bound 1, one batch in flight: the next batch generates while this one trains.
+- ``async`` (RollArt §5.3): bound alpha, ``1 + alpha`` batches in flight, so the batch is the first groups
+  to finish and long groups land in a later one, up to alpha versions late.
+
+A trajectory runs all its calls on one engine (its prefix cache stays there), chosen when it starts: the
+engine with the fewest trajectories.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.sim_core import build_core
+from loom.engine.train_perf import TrainStage, weight_sync_s
+from loom.engine.virtual import VirtualSim
+from loom.policies.staleness import AsyncBound, groups_to_start, task_at
+from loom.workloads.base import Workload, WorkTraj
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Rollout engines of one GPU type: ``gpus`` GPUs as engines of ``tp`` each. ``link`` carries the weights
+    from the trainer: ``rdma`` within the training cluster, ``tcp`` across clusters."""
+
+    gpu: str
+    gpus: int
+    tp: int = 1
+    link: str = "rdma"
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    alpha: int
+    batches_in_flight: int
+
+    @staticmethod
+    def sync() -> Mode:
+        return Mode("sync", 0, 1)
+
+    @staticmethod
+    def one_off() -> Mode:
+        return Mode("one-off", 1, 1)
+
+    @staticmethod
+    def asynchronous(alpha: int) -> Mode:
+        if alpha < 1:
+            raise ValueError("the asynchronous mode needs a bound of at least 1 (0 is sync)")
+        return Mode(f"async-{alpha}", alpha, 1 + alpha)
+
+
+@dataclass
+class _Group:
+    gid: int
+    pos: int
+    members: list[WorkTraj]
+    start_version: int
+    left: int
+    live: bool = True
+    complete: bool = False
+    # Per member: its engine, the rid of its call in flight ("" between calls), calls finished, and whether
+    # it is done.
+    engine: list[int] = field(default_factory=list)
+    rid: list[str] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class TrainingResult:
+    mode: str
+    steps: int
+    step_time_s: float  # mean over the measured steps (after the warm-up)
+    step_ends_s: list[float]
+    train_s: float  # mean update time per step
+    sync_s: float  # mean pause for the weights per step
+    wait_s: float  # mean time the trainer waited for a batch per step
+    aborted_fraction: float  # aborted trajectories over trajectories started
+    aborted_tokens: int
+    trained_tokens: float  # mean per step
+    batch_mix: dict[str, float]  # share of each task's trajectories in the measured batches
+    staleness_mean: float
+    staleness_max: int  # over every trained batch, warm-up included
+    wall_s: float
+    per_step: list[dict[str, float]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "step_time_s": round(self.step_time_s, 1),
+            "train_s": round(self.train_s, 1),
+            "sync_s": round(self.sync_s, 1),
+            "wait_s": round(self.wait_s, 1),
+            "aborted_fraction": round(self.aborted_fraction, 3),
+            "staleness_mean": round(self.staleness_mean, 2),
+            "trained_tokens": round(self.trained_tokens),
+            "batch_mix": {k: round(v, 3) for k, v in self.batch_mix.items()},
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+def run_training(
+    workload: Workload,
+    model: str,
+    pools: list[Pool],
+    train: TrainStage,
+    mode: Mode,
+    batch_groups: int,
+    steps: int,
+    warmup: int = 1,
+    max_running: int = 256,
+    seed: int = 0,
+) -> TrainingResult:
+    """Run ``steps`` training steps of ``model`` and time the ones after ``warmup``."""
+    if steps <= warmup:
+        raise ValueError(f"need more steps ({steps}) than warm-up steps ({warmup})")
+    wall0 = time.perf_counter()
+    prompts: dict[str, list[WorkTraj]] = {}
+    for t in workload.trajectories:
+        prompts.setdefault(t.prompt, []).append(t)
+    data = list(prompts.values())
+    if len(data) < batch_groups:
+        raise ValueError(f"{len(data)} groups in the workload, fewer than a batch of {batch_groups}")
+    sim = VirtualSim()
+    engines: list[int] = []
+    link_of: list[str] = []
+    for p in pools:
+        for _ in range(p.gpus // p.tp):
+            engines.append(sim.add_engine(build_core(model, p.gpu, p.tp, max_running=max_running)))
+            link_of.append(p.link)
+    if not engines:
+        raise ValueError("no rollout engines")
+    pause_s = max(weight_sync_s(model, link) for link in set(link_of))
+    bound = AsyncBound(mode.alpha)
+    limit = batch_groups * mode.batches_in_flight
+    active = [0] * len(engines)
+
+    version, consumed = 0, -1
+    next_pos = 0
+    retry: deque[int] = deque()
+    groups: dict[int, _Group] = {}
+    buffer: list[int] = []  # complete groups waiting for the trainer, in completion order
+    open_groups = 0
+    started = aborted = aborted_tokens = 0
+    gids = iter(range(1 << 62))
+    trainer_busy = False
+    waiting_since = 0.0
+    ends: list[float] = []
+    per_step: list[dict[str, float]] = []
+
+    def refill() -> None:
+        nonlocal next_pos, open_groups
+        if not bound.may_start(version, consumed):
+            return
+        for _ in range(groups_to_start(open_groups, limit, None)):
+            if retry:
+                pos = retry.popleft()
+            else:
+                pos, next_pos = next_pos, next_pos + 1
+            members = data[task_at(pos, len(data), False, seed)]
+            g = _Group(next(gids), pos, members, version, len(members))
+            groups[g.gid] = g
+            open_groups += 1
+            for j in range(len(members)):
+                w = int(np.argmin(active))
+                active[w] += 1
+                g.engine.append(w)
+                g.rid.append("")
+                g.calls.append(0)
+                g.done.append(False)
+                submit(g, j)
+
+    def submit(g: _Group, j: int) -> None:
+        nonlocal started
+        if not g.live:
+            return
+        k = g.calls[j]
+        started += k == 0
+        st = g.members[j].steps[k]
+        g.rid[j] = f"{g.gid}.{j}.{k}"
+        req = EngineRequest(g.rid[j], st.input_len, st.output_len, prefix_key=f"{g.gid}.{j}", ignore_eos=True)
+        sim.submit(engines[g.engine[j]], req, functools.partial(step_done, g, j))
+
+    def step_done(g: _Group, j: int, out: EngineOutput) -> None:
+        if not g.live:
+            return
+        g.rid[j] = ""
+        g.calls[j] += 1
+        t = g.members[j]
+        if g.calls[j] < len(t.steps):
+            sim.call_at(sim.now + t.steps[g.calls[j] - 1].env_s, functools.partial(submit, g, j))
+            return
+        g.done[j] = True
+        active[g.engine[j]] -= 1
+        sim.end_prefix(engines[g.engine[j]], f"{g.gid}.{j}")
+        g.left -= 1
+        if g.left == 0:
+            g.complete = True
+            buffer.append(g.gid)
+            take()
+
+    def drop(g: _Group) -> None:
+        """A group the bound no longer admits: abort its calls in flight, free its engines' slots, and sample
+        its prompt again. Every trajectory of it is wasted, finished or not."""
+        nonlocal open_groups, aborted, aborted_tokens
+        g.live = False
+        open_groups -= 1
+        for j, t in enumerate(g.members):
+            if g.rid[j]:
+                sim.abort(engines[g.engine[j]], g.rid[j])
+            if not g.done[j]:
+                active[g.engine[j]] -= 1
+                sim.end_prefix(engines[g.engine[j]], f"{g.gid}.{j}")
+            aborted += 1
+            aborted_tokens += sum(st.output_len for st in t.steps[: g.calls[j]])
+        retry.append(g.pos)
+        del groups[g.gid]
+
+    def take() -> None:
+        nonlocal trainer_busy, consumed, open_groups
+        if trainer_busy:
+            return
+        stale = [gid for gid in buffer if not bound.admits(groups[gid].start_version, version)]
+        for gid in stale:
+            buffer.remove(gid)
+            drop(groups[gid])
+        if len(buffer) < batch_groups:
+            if stale:
+                refill()
+            return
+        batch = [groups.pop(gid) for gid in buffer[:batch_groups]]
+        del buffer[:batch_groups]
+        open_groups -= len(batch)
+        consumed = version
+        trainer_busy = True
+        contexts = [t.final_context for g in batch for t in g.members]
+        train_s = train.step_s(contexts)
+        tasks: dict[str, float] = {}
+        for g in batch:
+            for t in g.members:
+                tasks[t.task] = tasks.get(t.task, 0.0) + 1
+        per_step.append(
+            {
+                **{f"task:{k}": v for k, v in tasks.items()},
+                "wait_s": sim.now - waiting_since,
+                "train_s": train_s,
+                "tokens": float(sum(contexts)),
+                "staleness": float(np.mean([version - g.start_version for g in batch])),
+                "staleness_max": float(max(version - g.start_version for g in batch)),
+                "trajectories": float(len(contexts)),
+            }
+        )
+        refill()
+        sim.call_at(sim.now + train_s, sync)
+
+    def sync() -> None:
+        for e in engines:
+            sim.pause(e)
+        sim.call_at(sim.now + pause_s, commit)
+
+    def commit() -> None:
+        nonlocal version, trainer_busy, waiting_since
+        version += 1
+        for e in engines:
+            sim.update_weights(e, str(version))
+        for g in [
+            g for g in groups.values() if not g.complete and not bound.admits(g.start_version, version)
+        ]:
+            drop(g)
+        for e in engines:
+            sim.resume(e)
+        ends.append(sim.now)
+        trainer_busy = False
+        waiting_since = sim.now
+        if len(ends) < steps:
+            refill()
+            take()
+            return
+        for g in groups.values():  # the run is over: stop what is still generating, uncounted
+            g.live = False
+            for j in range(len(g.members)):
+                if g.rid[j]:
+                    sim.abort(engines[g.engine[j]], g.rid[j])
+
+    refill()
+    sim.run()
+    measured = per_step[warmup:steps]
+    gaps = np.diff([0.0, *ends])[warmup:steps]
+    mix: dict[str, float] = {}
+    for row in measured:
+        for k, v in row.items():
+            if k.startswith("task:"):
+                mix[k[5:]] = mix.get(k[5:], 0.0) + v
+    total = sum(mix.values()) or 1.0
+    return TrainingResult(
+        mode=mode.name,
+        steps=len(ends),
+        step_time_s=float(np.mean(gaps)) if len(gaps) else 0.0,
+        step_ends_s=ends,
+        train_s=float(np.mean([s["train_s"] for s in measured])) if measured else 0.0,
+        sync_s=pause_s,
+        wait_s=float(np.mean([s["wait_s"] for s in measured])) if measured else 0.0,
+        aborted_fraction=aborted / max(1, started),
+        aborted_tokens=aborted_tokens,
+        trained_tokens=float(np.mean([s["tokens"] for s in measured])) if measured else 0.0,
+        batch_mix={k: v / total for k, v in sorted(mix.items())},
+        staleness_mean=float(np.mean([s["staleness"] for s in measured])) if measured else 0.0,
+        staleness_max=int(max((s["staleness_max"] for s in per_step), default=0)),
+        wall_s=time.perf_counter() - wall0,
+        per_step=per_step,
+    )

@@ -1,0 +1,72 @@
+"""Whole training steps in virtual time: the modes keep the live loop's rules (bound, back-pressure, aborts)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from loom.engine.train_perf import TrainStage
+from loom.harness.training import Mode, Pool, run_training
+from loom.workloads.base import Workload, WorkStep, WorkTraj
+
+MODEL = "qwen3-8b"
+POOLS = [Pool("h800", 4, 1)]
+TRAIN = TrainStage(MODEL, "h800", 2)
+
+
+def _workload(groups: int = 24, size: int = 4, seed: int = 0) -> Workload:
+    """Short and long multi-turn groups alternating, as a mixed data set has them."""
+    rng = random.Random(seed)
+    w = Workload("test", "synthetic")
+    for g in range(groups):
+        task = "long" if g % 2 else "short"
+        for s in range(size):
+            turns = rng.randint(6, 12) if task == "long" else rng.randint(1, 3)
+            ctx, steps = 500, []
+            for _ in range(turns):
+                out = rng.randint(200, 2000) if task == "long" else rng.randint(20, 200)
+                steps.append(WorkStep(ctx, out, rng.uniform(0.1, 2.0)))
+                ctx += out + 100
+            steps[-1] = WorkStep(steps[-1].input_len, steps[-1].output_len, 0.0)
+            w.trajectories.append(WorkTraj(f"{g}#{s}", f"p{g}", s, tuple(steps), task=task))
+    return w
+
+
+def _run(mode: Mode, steps: int = 6, batch: int = 4):
+    return run_training(_workload(), MODEL, POOLS, TRAIN, mode, batch, steps, warmup=1)
+
+
+def test_sync_waits_for_the_whole_batch_and_never_aborts() -> None:
+    r = _run(Mode.sync())
+    assert r.steps == 6 and r.staleness_max == 0 and r.aborted_fraction == 0.0
+    # With nothing overlapping, a step is its wait, its update and its weight sync, end to end.
+    assert r.step_time_s == pytest.approx(r.wait_s + r.train_s + r.sync_s, rel=1e-6)
+    assert all(s["trajectories"] == 4 * 4 for s in r.per_step)
+
+
+def test_one_off_trains_on_the_batch_generated_one_version_back() -> None:
+    r = _run(Mode.one_off())
+    assert r.aborted_fraction == 0.0 and r.staleness_max == 1
+    assert [s["staleness"] for s in r.per_step[1:]] == [1.0] * (len(r.per_step) - 1)
+    assert r.step_time_s < _run(Mode.sync()).step_time_s
+
+
+@pytest.mark.parametrize("alpha", [1, 2, 3])
+def test_async_never_trains_beyond_its_bound_and_restarts_what_it_aborts(alpha: int) -> None:
+    r = _run(Mode.asynchronous(alpha), steps=8)
+    assert r.steps == 8 and r.staleness_max <= alpha
+    assert all(s["trajectories"] == 16 for s in r.per_step)
+    assert 0.0 <= r.aborted_fraction < 1.0
+    assert sum(r.batch_mix.values()) == pytest.approx(1.0)
+
+
+def test_runs_are_deterministic_and_reject_bad_setups() -> None:
+    a, b = _run(Mode.asynchronous(1)), _run(Mode.asynchronous(1))
+    assert a.step_ends_s == b.step_ends_s and a.aborted_tokens == b.aborted_tokens
+    with pytest.raises(ValueError, match="warm-up"):
+        run_training(_workload(), MODEL, POOLS, TRAIN, Mode.sync(), 4, steps=1, warmup=1)
+    with pytest.raises(ValueError, match="fewer than a batch"):
+        run_training(_workload(groups=2), MODEL, POOLS, TRAIN, Mode.sync(), 4, steps=3)
+    with pytest.raises(ValueError, match="bound of at least 1"):
+        Mode.asynchronous(0)
