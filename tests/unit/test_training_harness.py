@@ -70,3 +70,37 @@ def test_runs_are_deterministic_and_reject_bad_setups() -> None:
         run_training(_workload(groups=2), MODEL, POOLS, TRAIN, Mode.sync(), 4, steps=3)
     with pytest.raises(ValueError, match="bound of at least 1"):
         Mode.asynchronous(0)
+
+
+def test_affinity_keeps_each_task_on_its_gpu_type() -> None:
+    both = [Pool("h800", 2, 1), Pool("h20", 2, 1)]
+    everything_on_h20 = run_training(
+        _workload(), MODEL, both, TRAIN, Mode.one_off(), 4, 5, warmup=1, affinity={"default": "h20"}
+    )
+    h20_alone = run_training(_workload(), MODEL, [Pool("h20", 2, 1)], TRAIN, Mode.one_off(), 4, 5, warmup=1)
+    assert everything_on_h20.step_ends_s == pytest.approx(h20_alone.step_ends_s)
+    # A GPU type no pool has is no constraint at all.
+    anywhere = run_training(_workload(), MODEL, both, TRAIN, Mode.one_off(), 4, 5, warmup=1)
+    absent = run_training(
+        _workload(), MODEL, both, TRAIN, Mode.one_off(), 4, 5, warmup=1, affinity={"default": "b200"}
+    )
+    assert absent.step_ends_s == pytest.approx(anywhere.step_ends_s)
+
+
+def test_cross_cluster_engines_fetch_weights_while_they_generate() -> None:
+    pools = [Pool("h800", 2, 1, "rdma"), Pool("h20", 2, 1, "tcp")]
+    blocking = run_training(_workload(), MODEL, pools, TRAIN, Mode.asynchronous(1), 4, 6, warmup=1)
+    overlapped = run_training(
+        _workload(), MODEL, pools, TRAIN, Mode.asynchronous(1).with_async_update(), 4, 6, warmup=1
+    )
+    # The trainer waits for the RDMA pool only; the TCP pool's transfer no longer pauses anyone.
+    assert blocking.sync_s == pytest.approx(6.911, rel=0.01) and overlapped.sync_s == pytest.approx(
+        5.466, rel=0.01
+    )
+    assert overlapped.staleness_max <= 1
+    far_only = run_training(
+        _workload(), MODEL, [Pool("h20", 4, 1, "tcp")], TRAIN, Mode.asynchronous(1).with_async_update(), 4, 6
+    )
+    assert far_only.sync_s == 0.0 and far_only.steps == 6
+    with pytest.raises(ValueError, match="bound of at least 1"):
+        Mode.sync().with_async_update()

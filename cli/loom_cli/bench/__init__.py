@@ -11,6 +11,7 @@ import argparse
 import json
 
 from loom_cli.bench import (
+    affinity,
     async_train,
     engine,
     envs,
@@ -26,6 +27,7 @@ from loom_cli.bench import (
 from loom_cli.bench.registry import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
+    affinity.BENCHMARK,
     async_train.BENCHMARK,
     engine.BENCHMARK,
     envs.BENCHMARK,

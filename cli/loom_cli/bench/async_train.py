@@ -14,59 +14,18 @@ from __future__ import annotations
 import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from loom.engine.train_perf import MFU, TrainStage
-from loom.harness.training import Mode, Pool, run_training
-from loom.workloads.mix import mixed
+from loom.engine.train_perf import MFU
+from loom.harness.training import Mode, Pool
 from loom_cli.bench.registry import Benchmark
+from loom_cli.bench.training_cells import TP, Cell, run_cell
 
 PAPER = {"speedup_vs_sync": 2.05, "speedup_vs_oneoff": 1.35, "best_alpha_over_1": 1.22}
-TP = {"qwen3-8b": 1, "qwen3-14b": 2, "qwen3-32b": 4}
-TERMS = ("wait_s", "train_s", "sync_s")
-TERM_NAMES = {"wait_s": "rollout (waiting for the batch)", "train_s": "training", "sync_s": "weight sync"}
-
-
-@dataclass(frozen=True)
-class Cell:
-    model: str
-    mode: Mode
-    rollout: tuple[Pool, ...]
-    train_gpus: int
-    batch_groups: int
-    steps: int
-    warmup: int
-    seed: int
-
-
-def run_cell(c: Cell) -> dict[str, Any]:
-    w = mixed(group_size=8, seed=c.seed)
-    r = run_training(
-        w,
-        c.model,
-        list(c.rollout),
-        TrainStage(c.model, "h800", c.train_gpus),
-        c.mode,
-        c.batch_groups,
-        c.steps,
-        c.warmup,
-        seed=c.seed,
-    )
-    out = r.summary()
-    out["model"] = c.model
-    out["alpha"] = c.mode.alpha
-    step = r.step_time_s or 1.0
-    shares = {k: out[k] / step for k in TERMS}
-    out["limited_by"] = TERM_NAMES[max(shares, key=lambda k: shares[k])]
-    # Batches of the first groups to finish hold shorter trajectories: per trained token is the fair rate.
-    out["trained_tokens_per_s"] = round(r.trained_tokens / step)
-    out["shares"] = {k: round(v, 3) for k, v in shares.items()}
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

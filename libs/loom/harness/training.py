@@ -14,24 +14,28 @@ groups, which start again. Three modes are settings of those rules:
 - ``async`` (RollArt §5.3): bound alpha, ``1 + alpha`` batches in flight, so the batch is the first groups
   to finish and long groups land in a later one, up to alpha versions late.
 
-A trajectory runs all its calls on one engine (its prefix cache stays there), chosen when it starts: the
-engine with the fewest trajectories.
+A trajectory runs all its calls on one engine (its prefix cache stays there), chosen when it starts: of the
+engines its task's hardware affinity allows, the one with the fewest trajectories.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.perf import gpu_spec, model_config
 from loom.engine.sim_core import build_core
 from loom.engine.train_perf import TrainStage, weight_sync_s
 from loom.engine.virtual import VirtualSim
+from loom.policies.affinity import eligible
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.workloads.base import Workload, WorkTraj
 
@@ -52,6 +56,18 @@ class Mode:
     name: str
     alpha: int
     batches_in_flight: int
+    # RollArt §5.2: engines across clusters (``tcp`` pools) fetch the new weights from the store while they
+    # keep generating and pause only for the local load; the trainer waits only for the ``rdma`` pools.
+    # Otherwise every engine pauses until the slowest link has delivered them (veRL's broadcast).
+    async_update: bool = False
+
+    def with_async_update(self) -> Mode:
+        if self.alpha < 1:
+            raise ValueError(
+                "an asynchronous weight update needs a bound of at least 1: engines generate "
+                "under the old weights while they fetch the new"
+            )
+        return dataclasses.replace(self, name=f"{self.name}+async-update", async_update=True)
 
     @staticmethod
     def sync() -> Mode:
@@ -118,6 +134,13 @@ class TrainingResult:
         }
 
 
+def local_load_s(model: str, pool: Pool) -> float:
+    """Seconds for an engine to load fetched weights from host memory onto its GPUs (each its shard, over
+    its own host link)."""
+    shard = model_config(model).weight_bytes / pool.tp
+    return shard / (gpu_spec(pool.gpu).host_link_gbps * 1e9)
+
+
 def run_training(
     workload: Workload,
     model: str,
@@ -129,8 +152,10 @@ def run_training(
     warmup: int = 1,
     max_running: int = 256,
     seed: int = 0,
+    affinity: Mapping[str, str] | None = None,
 ) -> TrainingResult:
-    """Run ``steps`` training steps of ``model`` and time the ones after ``warmup``."""
+    """Run ``steps`` training steps of ``model`` and time the ones after ``warmup``; ``affinity`` maps task
+    tags to the GPU types of the pools that may run them (``loom.policies.affinity``)."""
     if steps <= warmup:
         raise ValueError(f"need more steps ({steps}) than warm-up steps ({warmup})")
     wall0 = time.perf_counter()
@@ -143,13 +168,22 @@ def run_training(
     sim = VirtualSim()
     engines: list[int] = []
     link_of: list[str] = []
+    gpu_of: list[str] = []
     for p in pools:
         for _ in range(p.gpus // p.tp):
             engines.append(sim.add_engine(build_core(model, p.gpu, p.tp, max_running=max_running)))
             link_of.append(p.link)
+            gpu_of.append(p.gpu)
+    where = {
+        tag: np.array(eligible(gpu_of, affinity, tag)) for tag in {t.task for t in workload.trajectories}
+    }
     if not engines:
         raise ValueError("no rollout engines")
-    pause_s = max(weight_sync_s(model, link) for link in set(link_of))
+    far = [e for e, link in zip(engines, link_of, strict=True) if mode.async_update and link == "tcp"]
+    near = [e for e in engines if e not in set(far)]
+    pause_s = max((weight_sync_s(model, link_of[e]) for e in near), default=0.0)
+    fetch_s = weight_sync_s(model, "tcp")
+    load_s = max((local_load_s(model, p) for p in pools if p.link == "tcp"), default=0.0)
     bound = AsyncBound(mode.alpha)
     limit = batch_groups * mode.batches_in_flight
     active = [0] * len(engines)
@@ -181,7 +215,8 @@ def run_training(
             groups[g.gid] = g
             open_groups += 1
             for j in range(len(members)):
-                w = int(np.argmin(active))
+                mine = where[members[j].task]
+                w = int(mine[np.argmin(np.asarray(active)[mine])])
                 active[w] += 1
                 g.engine.append(w)
                 g.rid.append("")
@@ -273,20 +308,32 @@ def run_training(
         sim.call_at(sim.now + train_s, sync)
 
     def sync() -> None:
-        for e in engines:
+        for e in near:
             sim.pause(e)
+        if far:
+            sim.call_at(sim.now + fetch_s, functools.partial(load_far, version + 1))
         sim.call_at(sim.now + pause_s, commit)
+
+    def load_far(new: int) -> None:
+        for e in far:
+            sim.pause(e)
+        sim.call_at(sim.now + load_s, functools.partial(commit_far, new))
+
+    def commit_far(new: int) -> None:
+        for e in far:
+            sim.update_weights(e, str(new))
+            sim.resume(e)
 
     def commit() -> None:
         nonlocal version, trainer_busy, waiting_since
         version += 1
-        for e in engines:
+        for e in near:
             sim.update_weights(e, str(version))
         for g in [
             g for g in groups.values() if not g.complete and not bound.admits(g.start_version, version)
         ]:
             drop(g)
-        for e in engines:
+        for e in near:
             sim.resume(e)
         ends.append(sim.now)
         trainer_busy = False

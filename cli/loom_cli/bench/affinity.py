@@ -1,0 +1,142 @@
+"""``loom bench affinity``: RollArt §7.3's hardware affinity in virtual time, whole training steps.
+
+Training is fixed on 32 H800; three rollout configurations of about equal cost (an H800 costs 2.85 H20,
+RollArt Table 2): 72 H800, 208 H20, and 64 H800 + 24 H20 with ``{"coding": "h800", "default": "h20"}`` (the
+long-context coding agent on compute-rich GPUs, search and tool use on H20, as RollArt routes its math and
+game tasks). H20 pools sit in another cluster: their weights come over TCP, H800's over RDMA. Each runs
+synchronously (rollout then training, which isolates what the hardware does to the rollout, as §7.3 sets out
+to) and asynchronously with bound 1 and the cross-cluster update of §5.2. Reported: step times and their
+terms, and the synchronous ``vs_h20_only`` and ``vs_h800_only`` of the affinity configuration (8B unless
+stated), against the paper's 1.30-1.68x and 1.12-1.37x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loom.harness.training import Mode, Pool
+from loom_cli.bench.registry import Benchmark
+from loom_cli.bench.training_cells import TP, Cell, run_cell
+
+PAPER = {"vs_h20_only": (1.30, 1.68), "vs_h800_only": (1.12, 1.37)}
+AFFINITY = (("coding", "h800"), ("default", "h20"))
+
+
+def configs(model: str) -> dict[str, tuple[tuple[Pool, ...], tuple[tuple[str, str], ...]]]:
+    tp = TP[model]
+    return {
+        "h800-only": ((Pool("h800", 72, tp, "rdma"),), ()),
+        "h20-only": ((Pool("h20", 208, tp, "tcp"),), ()),
+        "affinity": ((Pool("h800", 64, tp, "rdma"), Pool("h20", 24, tp, "tcp")), AFFINITY),
+    }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="qwen3-8b,qwen3-14b,qwen3-32b")
+    p.add_argument("--batch-groups", type=int, default=64)
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12, quick 6)")
+    p.add_argument("--warmup", type=int, default=None, help="steps not timed (default 4, quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="processes")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    wall0 = time.perf_counter()
+    models = ["qwen3-8b"] if args.quick else args.models.split(",")
+    steps = args.steps or (6 if args.quick else 12)
+    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 4)
+    modes = {"sync": Mode.sync(), "async-1": Mode.asynchronous(1).with_async_update()}
+    cells = [
+        Cell(m, mode, pools, 32, args.batch_groups, steps, warmup, args.seed, f"{name} {tag}", aff)
+        for m in models
+        for name, (pools, aff) in configs(m).items()
+        for tag, mode in modes.items()
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        rows = list(pool.map(run_cell, cells))
+    for row, c in zip(rows, cells, strict=True):
+        row["config"], row["mode_tag"] = c.label.split(" ")
+    by = {(r["model"], r["config"], r["mode_tag"]): r for r in rows}
+    per_model: dict[str, Any] = {}
+    for m in models:
+        per_model[m] = {tag: _compare(by, m, tag) for tag in modes}
+    head = per_model[models[0]]["sync"]
+    out: dict[str, Any] = {
+        "benchmark": "affinity",
+        "model": models[0],
+        "mode": "sync",
+        "step_time_s": head["step_time_s"],
+        "vs_h20_only": head["vs_h20_only"],
+        "vs_h800_only": head["vs_h800_only"],
+        "models": per_model,
+        "runs": rows,
+        "paper": PAPER,
+        "target": {
+            "vs_h20_only": PAPER["vs_h20_only"][0],
+            "vs_h800_only": PAPER["vs_h800_only"][0],
+            "met": head["vs_h20_only"] >= PAPER["vs_h20_only"][0]
+            and head["vs_h800_only"] >= PAPER["vs_h800_only"][0],
+        },
+        "wall_s": round(time.perf_counter() - wall0, 1),
+    }
+    _print(out)
+    return out
+
+
+def _compare(by: dict[tuple[str, str, str], dict[str, Any]], m: str, tag: str) -> dict[str, Any]:
+    """Step-time ratios of the affinity configuration, and the same for the term hardware acts on (waiting for
+    the batch); what is left of the step is training and weight sync, the same hardware in every
+    configuration, so a short step ratio says which term holds it back."""
+    aff = by[(m, "affinity", tag)]
+    out: dict[str, Any] = {
+        "step_time_s": {c: by[(m, c, tag)]["step_time_s"] for c in ("h800-only", "h20-only", "affinity")}
+    }
+    for base in ("h20-only", "h800-only"):
+        b = by[(m, base, tag)]
+        key = base.replace("-", "_")
+        out[f"vs_{key}"] = round(b["step_time_s"] / aff["step_time_s"], 3)
+        out[f"rollout_vs_{key}"] = round(b["wait_s"] / aff["wait_s"], 3) if aff["wait_s"] > 0 else None
+    out["fixed_share"] = round((aff["train_s"] + aff["sync_s"]) / aff["step_time_s"], 3)
+    out["limited_by"] = aff["limited_by"]
+    return out
+
+
+def _print(out: dict[str, Any]) -> None:
+    c = Console()
+    t = Table(title="Hardware affinity: 32 H800 train; rollout 72 H800 | 208 H20 | 64 H800 + 24 H20")
+    for col in ("model", "config", "mode", "step s", "wait s", "train s", "sync s", "limited by"):
+        t.add_column(col, justify="right")
+    for r in out["runs"]:
+        t.add_row(
+            r["model"],
+            r["config"],
+            r["mode_tag"],
+            f"{r['step_time_s']:.1f}",
+            f"{r['wait_s']:.1f}",
+            f"{r['train_s']:.1f}",
+            f"{r['sync_s']:.1f}",
+            r["limited_by"],
+        )
+    c.print(t)
+    for m, pm in out["models"].items():
+        for tag, v in pm.items():
+            c.print(
+                f"{m} {tag}: affinity {v['vs_h20_only']:.2f}x H20-only (paper 1.30-1.68x), "
+                f"{v['vs_h800_only']:.2f}x H800-only (paper 1.12-1.37x); waiting for the batch "
+                f"{v['rollout_vs_h20_only']}x and {v['rollout_vs_h800_only']}x; training and sync are "
+                f"{v['fixed_share']:.0%} of its step ({v['limited_by']} is the largest term)"
+            )
+
+
+BENCHMARK = Benchmark(
+    "affinity",
+    "RollArt hardware affinity: H800-only, H20-only and mixed rollout per step",
+    add_arguments,
+    run,
+)

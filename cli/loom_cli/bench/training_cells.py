@@ -1,0 +1,56 @@
+"""One run of the training-step harness as a benchmark cell (picklable, for a process pool), and the split of
+its step time into terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loom.engine.train_perf import TrainStage
+from loom.harness.training import Mode, Pool, run_training
+from loom.workloads.mix import mixed
+
+# RollArt §7.1: rollout tensor parallelism per model.
+TP = {"qwen3-8b": 1, "qwen3-14b": 2, "qwen3-32b": 4}
+TERMS = ("wait_s", "train_s", "sync_s")
+TERM_NAMES = {"wait_s": "rollout (waiting for the batch)", "train_s": "training", "sync_s": "weight sync"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    mode: Mode
+    rollout: tuple[Pool, ...]
+    train_gpus: int
+    batch_groups: int
+    steps: int
+    warmup: int
+    seed: int
+    label: str = ""
+    affinity: tuple[tuple[str, str], ...] = ()
+
+
+def run_cell(c: Cell) -> dict[str, Any]:
+    r = run_training(
+        mixed(group_size=8, seed=c.seed),
+        c.model,
+        list(c.rollout),
+        TrainStage(c.model, "h800", c.train_gpus),
+        c.mode,
+        c.batch_groups,
+        c.steps,
+        c.warmup,
+        seed=c.seed,
+        affinity=dict(c.affinity) or None,
+    )
+    out = r.summary()
+    out["model"] = c.model
+    out["alpha"] = c.mode.alpha
+    out["label"] = c.label or c.mode.name
+    step = r.step_time_s or 1.0
+    shares = {k: out[k] / step for k in TERMS}
+    out["limited_by"] = TERM_NAMES[max(shares, key=lambda k: shares[k])]
+    out["shares"] = {k: round(v, 3) for k, v in shares.items()}
+    # Batches of the first groups to finish hold shorter trajectories: per trained token is the fair rate.
+    out["trained_tokens_per_s"] = round(r.trained_tokens / step)
+    return out
