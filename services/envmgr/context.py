@@ -122,6 +122,7 @@ async def call_model(
         temperature=work.sampling.temperature,
         top_p=work.sampling.top_p,
         return_logprob=work.sampling.logprobs,
+        tag=work.tag,
     )
     res = await ctx.gen.generate(req)
     if res.finish_reason == "abort":

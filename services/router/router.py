@@ -11,13 +11,14 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
 from loom.bus import kv_key
+from loom.policies.affinity import eligible
 from loom.policies.migration import MigrationPlanner, Move
 from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
 from loom.policies.placement import RoundRobinPlacement
@@ -71,8 +72,11 @@ class JobRouting:
 
     policy: ResolvedPolicy
     order: OrderPolicy
-    routing: RoutingPolicy | None = None
+    # Per-request routing (non-static policies): one policy per set of workers a task tag may use.
+    routed: bool = False
+    routings: dict[tuple[str, ...], RoutingPolicy] = field(default_factory=dict)
     planner: MigrationPlanner | None = None
+    affinity: dict[str, str] | None = None
 
 
 class Router:
@@ -141,17 +145,19 @@ class Router:
         if jr is not None:
             return jr
         policy = PRESETS["round_robin"]  # requests of a job the scheduler never stored
+        affinity = None
         try:
             entry = await self.kv_jobs.get(job_id)
             if entry.value:
-                policy = decode(entry.value, Job).spec.policy.resolved()
+                spec = decode(entry.value, Job).spec
+                policy, affinity = spec.policy.resolved(), spec.hw_affinity
         except (KeyNotFoundError, DecodeError):
             pass
         jr = self.jobs.get(job_id)  # another request may have won the race while we awaited
         if jr is None:
-            jr = self.jobs[job_id] = JobRouting(policy, make_order(policy.order))
-            if not policy.static:
-                jr.routing = make_routing(policy.placement, sorted(self.workers), seed=hash(job_id) & 0xFFFF)
+            jr = self.jobs[job_id] = JobRouting(
+                policy, make_order(policy.order), routed=not policy.static, affinity=affinity
+            )
             if policy.migration:
                 await self._load_plan(job_id, jr)
         return jr
@@ -215,16 +221,28 @@ class Router:
             waited=done[2],
         )
 
+    def _eligible(self, jr: JobRouting, tag: str) -> list[str]:
+        """The live workers a request of ``tag`` may run on under its job's hardware affinity."""
+        names = sorted(self.workers)
+        if not jr.affinity:
+            return names
+        return [names[i] for i in eligible([self.workers[n].gpu for n in names], jr.affinity, tag)]
+
     async def _route(self, req: GenRequest, jr: JobRouting) -> str:
-        if jr.routing is None or not self.workers:
-            return await self._worker_for(req)
+        if not jr.routed or not self.workers:
+            return await self._worker_for(req, jr)
         key = kv_key(req.job_id, req.traj_id)
-        view = RouterView(sorted(self.workers), self._load())
-        w = jr.routing.choose(key, req.input_len, view)
+        names = tuple(self._eligible(jr, req.tag))
+        routing = jr.routings.get(names)
+        if routing is None:
+            seed = hash(req.job_id) & 0xFFFF
+            routing = jr.routings[names] = make_routing(jr.policy.placement, list(names), seed=seed)
+        load = self._load()
+        w = routing.choose(key, req.input_len, RouterView(names, {n: load[n] for n in names}))
         self.placement[key] = w
         return w
 
-    async def _worker_for(self, req: GenRequest) -> str:
+    async def _worker_for(self, req: GenRequest, jr: JobRouting) -> str:
         key = kv_key(req.job_id, req.traj_id)
         w = self.placement.get(key)
         if w is None:
@@ -239,7 +257,7 @@ class Router:
             return w
         if not self.workers:
             return UNASSIGNED
-        new = self.rr.place_one(key, list(self.workers), self._load())
+        new = self.rr.place_one(key, self._eligible(jr, req.tag), self._load())
         if w is not None:
             self.m_migrations.inc()
             log.info("trajectory %s moves from %s to %s", key, w, new)
@@ -434,5 +452,5 @@ class Router:
         if jr is not None:
             if jr.planner is not None:
                 jr.planner.finish(key)
-            if jr.routing is not None:
-                jr.routing.forget(key)
+            for routing in jr.routings.values():
+                routing.forget(key)

@@ -8,6 +8,7 @@ import logging
 import statistics
 
 from loom.bus import request
+from loom.policies.affinity import eligible
 from loom.policies.partition import presorted_dp
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.profiles import placement_profile
@@ -61,6 +62,30 @@ def prompt_text(w: TrajWork) -> str:
 
 
 async def plan(
+    rt: Runtime, job: Job, works: list[TrajWork], workers: dict[str, WorkerInfo], rr: RoundRobinPlacement
+) -> Placement:
+    """The job's placement; under a hardware affinity, each set of trajectories on the workers its tag may
+    use, planned apart (and without migration between them: a plan's migration order spans one set)."""
+    affinity = job.spec.hw_affinity
+    if not affinity or not workers:
+        return await _plan_on(rt, job, works, workers, rr)
+    names = sorted(workers)
+    gpus = [workers[n].gpu for n in names]
+    parts: dict[tuple[int, ...], list[TrajWork]] = {}
+    for w in works:
+        parts.setdefault(tuple(eligible(gpus, affinity, w.tag)), []).append(w)
+    if len(parts) == 1:
+        (only,) = parts
+        return await _plan_on(rt, job, works, {names[i]: workers[names[i]] for i in only}, rr)
+    merged = Placement(job.id, {})
+    for idx, subset in parts.items():
+        p = await _plan_on(rt, job, subset, {names[i]: workers[names[i]] for i in idx}, rr)
+        merged.assignments.update(p.assignments)
+        merged.predicted.update(p.predicted)
+    return merged
+
+
+async def _plan_on(
     rt: Runtime, job: Job, works: list[TrajWork], workers: dict[str, WorkerInfo], rr: RoundRobinPlacement
 ) -> Placement:
     policy = job.spec.policy.resolved()

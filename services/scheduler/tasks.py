@@ -121,9 +121,16 @@ def group_works(
             reward_params=spec.reward_params,
             sampling=spec.sampling,
             async_bound=async_bound,
+            tag=tag_of(spec, task),
         )
         for s in range(samples_per_group(spec))
     ]
+
+
+def tag_of(spec: JobSpec, task: TaskSpec) -> str:
+    """A task's tag for hardware affinity: its data's ``tag``, else the job's environment."""
+    tag = task.data.get("tag")
+    return tag if isinstance(tag, str) and tag else spec.env
 
 
 def reward_of(spec: JobSpec) -> str:

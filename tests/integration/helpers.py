@@ -17,13 +17,13 @@ SPEED = 200.0
 
 
 async def start_worker(
-    services: Services, wid: str, max_running: int = 64, speed: float = SPEED
+    services: Services, wid: str, max_running: int = 64, speed: float = SPEED, gpu: str = "h100"
 ) -> RolloutWorker:
     holder: list[RolloutWorker] = []
 
     def build(rt: Runtime) -> RolloutWorker:
         w = RolloutWorker(
-            rt, RolloutSettings(worker_id=wid), SimEngine(clock=rt.clock, max_running=max_running)
+            rt, RolloutSettings(worker_id=wid), SimEngine(gpu=gpu, clock=rt.clock, max_running=max_running)
         )
         holder.append(w)
         return w

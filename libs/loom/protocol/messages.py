@@ -26,6 +26,7 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
 # Built-in reward functions (loom.rewards.registry implements exactly these); others are ``module:fn``.
 BUILTIN_REWARDS = ("replay", "env", "math", "code", "judge")
 Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+AffinityGpu = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]
 RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256)]
 
 
@@ -162,6 +163,10 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     reward: RewardName | None = None
     reward_params: dict[str, Any] = {}
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    # Hardware affinity (RollArt §4): task tag -> GPU type of the rollout workers that may run it, with
+    # "default" for the rest, e.g. {"coding": "h800", "default": "h20"}. A task's tag is its data's "tag",
+    # else the job's env; a type no live worker has constrains nothing (loom.policies.affinity).
+    hw_affinity: dict[Annotated[str, Meta(min_length=1, max_length=64)], AffinityGpu] | None = None
 
 
 JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
@@ -214,6 +219,8 @@ class TrajWork(Struct):
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     # Rollout streams: the asynchronous bound the environment manager enforces (None: a one-shot job).
     async_bound: NonNeg | None = None
+    # The task's tag for hardware affinity (JobSpec.hw_affinity).
+    tag: str = ""
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]
@@ -312,6 +319,8 @@ class GenRequest(Struct):
     temperature: NonNegF = 1.0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     return_logprob: bool = False
+    # The trajectory's task tag: the router keeps it on the GPU types the job's hw_affinity maps it to.
+    tag: str = ""
 
 
 class GenAccepted(Struct, tag="accepted"):
