@@ -170,11 +170,12 @@ def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:
     assert (tmp_path / "report.md").exists() and (tmp_path / "terms.png").exists()
 
 
-def test_bench_affinity_compares_three_rollout_configurations() -> None:
+def test_bench_affinity_compares_three_rollout_configurations(tmp_path: Path) -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
-    out = _bench("affinity", "--quick")
+    out = _bench("affinity", "--quick", "--out", str(tmp_path))
     t = out["step_time_s"]
     assert set(t) == {"h800-only", "h20-only", "affinity"} and out["mode"] == "sync"
     assert out["vs_h20_only"] == round(t["h20-only"] / t["affinity"], 3) and out["vs_h20_only"] > 1.0
     v = out["models"]["qwen3-8b"]["async-1"]
     assert 0 < v["fixed_share"] <= 1 and set(v["step_time_s"]) == set(t)
+    assert (tmp_path / "report.md").read_text().count("| qwen3-8b |") == 6 + 2

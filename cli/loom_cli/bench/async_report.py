@@ -15,12 +15,13 @@ import matplotlib.pyplot as plt
 TERMS = (("wait_s", "waiting for the batch"), ("train_s", "training"), ("sync_s", "weight sync"))
 
 
-def _terms_plot(path: Path, out: dict[str, Any]) -> Path:
+def terms_plot(path: Path, out: dict[str, Any], title: str) -> Path:
+    """Per model, each run's step time as stacked terms (runs by their ``label``)."""
     models = list(out["models"])
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for ax, m in zip(axes[0], models, strict=True):
         runs = [r for r in out["runs"] if r["model"] == m]
-        names = [r["mode"] for r in runs]
+        names = [r["label"] for r in runs]
         bottom = [0.0] * len(runs)
         for key, label in TERMS:
             vals = [r[key] for r in runs]
@@ -31,7 +32,7 @@ def _terms_plot(path: Path, out: dict[str, Any]) -> Path:
         ax.tick_params(axis="x", rotation=45)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("Step time and its terms per mode")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -64,7 +65,7 @@ def _alpha_plot(path: Path, out: dict[str, Any]) -> Path:
 
 def write_report(directory: Path, out: dict[str, Any]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    terms = _terms_plot(directory / "terms.png", out)
+    terms = terms_plot(directory / "terms.png", out, "Step time and its terms per mode")
     alpha = _alpha_plot(directory / "alpha.png", out)
     s = out["setup"]
     lines = [
