@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from rich.table import Table
 
 from loom.harness.training import Mode, Pool
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.training_cells import TP, Cell, run_cell
+from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
 
 PAPER = {"vs_h20_only": (1.30, 1.68), "vs_h800_only": (1.12, 1.37)}
 AFFINITY = (("coding", "h800"), ("default", "h20"))
@@ -39,22 +38,16 @@ def configs(model: str) -> dict[str, tuple[tuple[Pool, ...], tuple[tuple[str, st
     }
 
 
+QUICK = (6, 2)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="qwen3-8b,qwen3-14b,qwen3-32b")
-    p.add_argument("--batch-groups", type=int, default=64)
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12, quick 6)")
-    p.add_argument("--warmup", type=int, default=None, help="steps not timed (default 4, quick 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="processes")
-    p.add_argument("--out", type=Path, default=Path("bench-out/affinity"), help="report and plots")
-    p.add_argument("--no-plots", action="store_true")
+    add_run_arguments(p, "affinity", QUICK)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
-    models = ["qwen3-8b"] if args.quick else args.models.split(",")
-    steps = args.steps or (6 if args.quick else 12)
-    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 4)
+    models, steps, warmup = run_plan(args, QUICK)
     modes = {"sync": Mode.sync(), "async-1": Mode.asynchronous(1).with_async_update()}
     cells = [
         Cell(m, mode, pools, 32, args.batch_groups, steps, warmup, args.seed, f"{name} {tag}", aff)
@@ -62,8 +55,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, (pools, aff) in configs(m).items()
         for tag, mode in modes.items()
     ]
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        rows = list(pool.map(run_cell, cells))
+    rows = run_cells(cells, args.workers)
     for row, c in zip(rows, cells, strict=True):
         row["config"], row["mode_tag"] = c.label.split(" ")
     by = {(r["model"], r["config"], r["mode_tag"]): r for r in rows}

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,32 +21,24 @@ from rich.table import Table
 from loom.engine.train_perf import MFU
 from loom.harness.training import Mode, Pool
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.training_cells import TP, Cell, run_cell
+from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
 
 PAPER = {"speedup_vs_sync": 2.05, "speedup_vs_oneoff": 1.35, "best_alpha_over_1": 1.22}
 
 
+QUICK = (8, 3)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="qwen3-8b,qwen3-14b,qwen3-32b")
+    add_run_arguments(p, "async", QUICK)
     p.add_argument("--alphas", default="1,2,3,4,5,6")
     p.add_argument("--rollout-gpus", type=int, default=96, help="H800 GPUs that generate (training has 32)")
-    p.add_argument(
-        "--batch-groups", type=int, default=64, help="groups of 8 per batch (RollArt: 512 samples)"
-    )
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12, quick 8)")
-    p.add_argument("--warmup", type=int, default=None, help="steps not timed (default 4, quick 3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="processes")
-    p.add_argument("--out", type=Path, default=Path("bench-out/async"), help="report and plots")
-    p.add_argument("--no-plots", action="store_true")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
-    models = ["qwen3-8b"] if args.quick else args.models.split(",")
+    models, steps, warmup = run_plan(args, QUICK)
     alphas = [1, 2] if args.quick else [int(a) for a in args.alphas.split(",")]
-    steps = args.steps or (8 if args.quick else 12)
-    warmup = args.warmup if args.warmup is not None else (3 if args.quick else 4)
     modes = [Mode.sync(), Mode.one_off(), *(Mode.asynchronous(a) for a in alphas)]
     cells = [
         Cell(
@@ -64,8 +54,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for m in models
         for mode in modes
     ]
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        rows = list(pool.map(run_cell, cells))
+    rows = run_cells(cells, args.workers)
     by = {(r["model"], r["mode"]): r for r in rows}
     per_model: dict[str, Any] = {}
     for m in models:
