@@ -54,7 +54,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.service import Runtime
-from loom.workers import read_workers
+from loom.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import SpecError, group_works, resolve_tasks
 
@@ -277,7 +277,8 @@ class StreamManager:
         model = st.spec.model
         async with self._model_locks.setdefault(model, asyncio.Lock()):
             t0 = time.monotonic()
-            workers = sorted(w for w, i in (await read_workers(self.kv_workers)).items() if i.model == model)
+            members = await read_workers(self.kv_workers, within_s=FLEET_MEMBER_S)
+            workers = sorted(w for w, i in members.items() if i.model == model)
             if not workers:
                 raise StreamError("unavailable", f"no rollout worker serves {model!r}")
             version = str(u.version)
