@@ -73,7 +73,6 @@ class JobRouting:
     policy: ResolvedPolicy
     order: OrderPolicy
     # Per-request routing (non-static policies): one policy per set of workers a task tag may use.
-    routed: bool = False
     routings: dict[tuple[str, ...], RoutingPolicy] = field(default_factory=dict)
     planner: MigrationPlanner | None = None
     affinity: dict[str, str] | None = None
@@ -155,9 +154,7 @@ class Router:
             pass
         jr = self.jobs.get(job_id)  # another request may have won the race while we awaited
         if jr is None:
-            jr = self.jobs[job_id] = JobRouting(
-                policy, make_order(policy.order), routed=not policy.static, affinity=affinity
-            )
+            jr = self.jobs[job_id] = JobRouting(policy, make_order(policy.order), affinity=affinity)
             if policy.migration:
                 await self._load_plan(job_id, jr)
         return jr
@@ -229,7 +226,7 @@ class Router:
         return [names[i] for i in eligible([self.workers[n].gpu for n in names], jr.affinity, tag)]
 
     async def _route(self, req: GenRequest, jr: JobRouting) -> str:
-        if not jr.routed or not self.workers:
+        if jr.policy.static or not self.workers:
             return await self._worker_for(req, jr)
         key = kv_key(req.job_id, req.traj_id)
         names = tuple(self._eligible(jr, req.tag))

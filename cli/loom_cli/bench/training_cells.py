@@ -4,6 +4,7 @@ its step time into terms."""
 from __future__ import annotations
 
 import argparse
+import functools
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from loom.engine.train_perf import TrainStage
 from loom.harness.training import Mode, Pool, run_training
+from loom.workloads.base import Workload
 from loom.workloads.mix import mixed
 
 # RollArt §7.1: rollout tensor parallelism per model.
@@ -33,9 +35,15 @@ class Cell:
     affinity: tuple[tuple[str, str], ...] = ()
 
 
+@functools.cache
+def _workload(seed: int) -> Workload:
+    """The mix, loaded once per process (about a second of trace parsing; the harness only reads it)."""
+    return mixed(group_size=8, seed=seed)
+
+
 def run_cell(c: Cell) -> dict[str, Any]:
     r = run_training(
-        mixed(group_size=8, seed=c.seed),
+        _workload(c.seed),
         c.model,
         list(c.rollout),
         TrainStage(c.model, "h800", c.train_gpus),

@@ -90,9 +90,8 @@ class _Group:
     pos: int
     members: list[WorkTraj]
     start_version: int
-    left: int
+    left: int  # members not yet finished: the group is complete at 0
     live: bool = True
-    complete: bool = False
     # Per member: its engine, the rid of its call in flight ("" between calls), calls finished, and whether
     # it is done.
     engine: list[int] = field(default_factory=list)
@@ -180,20 +179,19 @@ def run_training(
     if not engines:
         raise ValueError("no rollout engines")
     far = [e for e, link in zip(engines, link_of, strict=True) if mode.async_update and link == "tcp"]
-    near = [e for e in engines if e not in set(far)]
+    near = [e for e in engines if e not in frozenset(far)]
     pause_s = max((weight_sync_s(model, link_of[e]) for e in near), default=0.0)
     fetch_s = weight_sync_s(model, "tcp")
     load_s = max((local_load_s(model, p) for p in pools if p.link == "tcp"), default=0.0)
     bound = AsyncBound(mode.alpha)
     limit = batch_groups * mode.batches_in_flight
-    active = [0] * len(engines)
+    active = np.zeros(len(engines), dtype=np.int64)  # trajectories on each engine
 
     version, consumed = 0, -1
     next_pos = 0
     retry: deque[int] = deque()
-    groups: dict[int, _Group] = {}
+    groups: dict[int, _Group] = {}  # started and not yet taken: what back-pressure counts
     buffer: list[int] = []  # complete groups waiting for the trainer, in completion order
-    open_groups = 0
     started = aborted = aborted_tokens = 0
     gids = iter(range(1 << 62))
     trainer_busy = False
@@ -202,10 +200,10 @@ def run_training(
     per_step: list[dict[str, float]] = []
 
     def refill() -> None:
-        nonlocal next_pos, open_groups
+        nonlocal next_pos
         if not bound.may_start(version, consumed):
             return
-        for _ in range(groups_to_start(open_groups, limit, None)):
+        for _ in range(groups_to_start(len(groups), limit, None)):
             if retry:
                 pos = retry.popleft()
             else:
@@ -213,10 +211,9 @@ def run_training(
             members = data[task_at(pos, len(data), False, seed)]
             g = _Group(next(gids), pos, members, version, len(members))
             groups[g.gid] = g
-            open_groups += 1
             for j in range(len(members)):
                 mine = where[members[j].task]
-                w = int(mine[np.argmin(np.asarray(active)[mine])])
+                w = int(mine[np.argmin(active[mine])])
                 active[w] += 1
                 g.engine.append(w)
                 g.rid.append("")
@@ -249,16 +246,14 @@ def run_training(
         sim.end_prefix(engines[g.engine[j]], f"{g.gid}.{j}")
         g.left -= 1
         if g.left == 0:
-            g.complete = True
             buffer.append(g.gid)
             take()
 
     def drop(g: _Group) -> None:
         """A group the bound no longer admits: abort its calls in flight, free its engines' slots, and sample
         its prompt again. Every trajectory of it is wasted, finished or not."""
-        nonlocal open_groups, aborted, aborted_tokens
+        nonlocal aborted, aborted_tokens
         g.live = False
-        open_groups -= 1
         for j, t in enumerate(g.members):
             if g.rid[j]:
                 sim.abort(engines[g.engine[j]], g.rid[j])
@@ -271,7 +266,7 @@ def run_training(
         del groups[g.gid]
 
     def take() -> None:
-        nonlocal trainer_busy, consumed, open_groups
+        nonlocal trainer_busy, consumed
         if trainer_busy:
             return
         stale = [gid for gid in buffer if not bound.admits(groups[gid].start_version, version)]
@@ -284,7 +279,6 @@ def run_training(
             return
         batch = [groups.pop(gid) for gid in buffer[:batch_groups]]
         del buffer[:batch_groups]
-        open_groups -= len(batch)
         consumed = version
         trainer_busy = True
         contexts = [t.final_context for g in batch for t in g.members]
@@ -329,9 +323,7 @@ def run_training(
         version += 1
         for e in near:
             sim.update_weights(e, str(version))
-        for g in [
-            g for g in groups.values() if not g.complete and not bound.admits(g.start_version, version)
-        ]:
+        for g in [g for g in groups.values() if g.left and not bound.admits(g.start_version, version)]:
             drop(g)
         for e in near:
             sim.resume(e)
