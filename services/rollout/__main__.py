@@ -43,6 +43,7 @@ def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
         clock=rt.clock,
         max_running=s.max_running,
         hicache_ratio=s.hicache_ratio,
+        weight_link=s.weight_link,
     )
 
 

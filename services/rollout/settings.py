@@ -29,6 +29,9 @@ class RolloutSettings(LoomSettings):
     max_running: int = Field(256, ge=1)
     # Simulated engine's host KV tier as a multiple of its device pool (SGLang's --hicache-ratio; 0: off).
     hicache_ratio: float = Field(0.0, ge=0.0, le=64.0)
+    # Simulated engine: the link its new weights arrive over, priced by RollArt Table 3 ("rdma" within the
+    # trainer's cluster, "tcp" from another); unset, they load at once.
+    weight_link: Literal["rdma", "tcp"] | None = None
     heartbeat_s: float = 1.0
     telemetry_s: float = 0.5
     # On SIGTERM, how long in-flight requests may run before they are aborted (wall seconds).

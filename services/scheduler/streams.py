@@ -268,9 +268,13 @@ class StreamManager:
     # ------------------------------------------------------------------ weights
 
     async def update_weights(self, u: WeightUpdate) -> WeightUpdateResult:
-        """Move the stream's model's whole fleet to ``u.version``: pause every worker, prepare the weights on
-        each, and only if all prepared, commit on all; otherwise discard everywhere, so the fleet is never
-        mixed. Then the bound aborts what it no longer admits, and the workers resume."""
+        """Move the stream's model's whole fleet to ``u.version``: prepare the weights on every worker (while
+        they generate, under ``u.async_fetch``; else inside the pause), and only if all prepared, pause all
+        and commit on all; otherwise discard everywhere, so the fleet is never mixed. Then the bound aborts
+        what it no longer admits, and the workers resume.
+
+        Under ``async_fetch`` the requests running meanwhile go on under the old weights; they are within
+        the bound (a stream at bound 0 starts nothing while its batch trains, so nothing runs then)."""
         st = self._running(u.stream_id)
         if u.version <= st.version:
             raise StreamError("conflict", f"version {u.version} is not after the stream's {st.version}")
@@ -282,15 +286,21 @@ class StreamManager:
             if not workers:
                 raise StreamError("unavailable", f"no rollout worker serves {model!r}")
             version = str(u.version)
-            await self._fleet("pause", workers, version, None, u.timeout_s, lease_s=4 * u.timeout_s)
+            fetch_s = 0.0
+            if u.async_fetch:
+                fetching = time.monotonic()
+                await self._prepare(workers, version, u)
+                fetch_s = time.monotonic() - fetching
+            try:
+                await self._fleet("pause", workers, version, None, u.timeout_s, lease_s=4 * u.timeout_s)
+            except StreamError:
+                if u.async_fetch:
+                    await self._fleet("discard", workers, version, None, u.timeout_s, strict=False)
+                raise
             paused = time.monotonic()
             try:
-                failed = await self._fleet("prepare", workers, version, u.path, u.timeout_s, strict=False)
-                if failed:
-                    await self._fleet("discard", workers, version, None, u.timeout_s, strict=False)
-                    self.m_updates.labels("failed").inc()
-                    reasons = "; ".join(f"{w}: {e}" for w, e in sorted(failed.items()))
-                    raise StreamError("update_failed", f"weights {version} not loaded, fleet kept: {reasons}")
+                if not u.async_fetch:
+                    await self._prepare(workers, version, u)
                 await self._commit(model, workers, version, u.timeout_s)
                 await self.kv_weights.put(model, encode(FleetWeights(model, version, u.path, time.time())))
                 async with self._lock(u.stream_id):
@@ -306,9 +316,20 @@ class StreamManager:
                 self.m_pause.observe(time.monotonic() - paused)
             self.m_updates.labels("ok").inc()
             log.info("stream %s: fleet of %d at version %s", u.stream_id, len(workers), version)
-            result = WeightUpdateResult(u.version, workers, time.monotonic() - paused, time.monotonic() - t0)
+            result = WeightUpdateResult(
+                u.version, workers, time.monotonic() - paused, time.monotonic() - t0, fetch_s=fetch_s
+            )
         await self._refill(u.stream_id)
         return result
+
+    async def _prepare(self, workers: list[str], version: str, u: WeightUpdate) -> None:
+        """Load the weights beside the serving ones on every worker; if any fails, drop them everywhere."""
+        failed = await self._fleet("prepare", workers, version, u.path, u.timeout_s, strict=False)
+        if failed:
+            await self._fleet("discard", workers, version, None, u.timeout_s, strict=False)
+            self.m_updates.labels("failed").inc()
+            reasons = "; ".join(f"{w}: {e}" for w, e in sorted(failed.items()))
+            raise StreamError("update_failed", f"weights {version} not loaded, fleet kept: {reasons}")
 
     async def _commit(self, model: str, workers: list[str], version: str, timeout_s: float) -> None:
         """Switch every prepared worker. A commit that fails where loading happens at commit (SGLang loads in

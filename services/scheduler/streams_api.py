@@ -32,6 +32,8 @@ class WeightsBody(BaseModel):
     version: int = Field(ge=1)
     path: str | None = None
     timeout_s: float = Field(300.0, gt=0, le=3600)
+    # Load while generating and pause only to switch (RollArt §5.2); false: load inside the pause.
+    async_fetch: bool = True
 
 
 def _http(e: StreamError) -> HTTPException:
@@ -135,7 +137,7 @@ def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_
         stream_or_404(stream_id)
         try:
             res = await streams.update_weights(
-                WeightUpdate(stream_id, body.version, body.path, body.timeout_s)
+                WeightUpdate(stream_id, body.version, body.path, body.timeout_s, body.async_fetch)
             )
         except StreamError as e:
             raise _http(e) from e

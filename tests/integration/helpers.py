@@ -17,14 +17,18 @@ SPEED = 200.0
 
 
 async def start_worker(
-    services: Services, wid: str, max_running: int = 64, speed: float = SPEED, gpu: str = "h100"
+    services: Services,
+    wid: str,
+    max_running: int = 64,
+    speed: float = SPEED,
+    gpu: str = "h100",
+    weight_link: str | None = None,
 ) -> RolloutWorker:
     holder: list[RolloutWorker] = []
 
     def build(rt: Runtime) -> RolloutWorker:
-        w = RolloutWorker(
-            rt, RolloutSettings(worker_id=wid), SimEngine(gpu=gpu, clock=rt.clock, max_running=max_running)
-        )
+        engine = SimEngine(gpu=gpu, clock=rt.clock, max_running=max_running, weight_link=weight_link)
+        w = RolloutWorker(rt, RolloutSettings(worker_id=wid), engine)
         holder.append(w)
         return w
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from loom.engine.train_perf import TrainStage
-from loom.harness.training import Mode, Pool, run_training
+from loom.harness.training import Mode, Pool, local_load_s, run_training
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 MODEL = "qwen3-8b"
@@ -102,5 +102,36 @@ def test_cross_cluster_engines_fetch_weights_while_they_generate() -> None:
         _workload(), MODEL, [Pool("h20", 4, 1, "tcp")], TRAIN, Mode.asynchronous(1).with_async_update(), 4, 6
     )
     assert far_only.sync_s == 0.0 and far_only.steps == 6
-    with pytest.raises(ValueError, match="bound of at least 1"):
-        Mode.sync().with_async_update()
+
+
+def test_under_bound_zero_far_pools_hold_their_work_until_their_weights_land() -> None:
+    pools = [Pool("h800", 2, 1, "rdma"), Pool("h20", 2, 1, "tcp")]
+    aff = {"long": "h800", "default": "h20"}
+    blocking = run_training(_workload(), MODEL, pools, TRAIN, Mode.sync(), 4, 6, warmup=1, affinity=aff)
+    own = run_training(
+        _workload(), MODEL, pools, TRAIN, Mode.sync().with_async_update(), 4, 6, warmup=1, affinity=aff
+    )
+    # The near pool starts the next batch (and its long task) after its RDMA transfer, not the TCP one.
+    assert own.sync_s == pytest.approx(5.466, rel=0.01) and own.staleness_max == 0
+    assert own.aborted_fraction == 0.0 and own.step_time_s < blocking.step_time_s
+    far_only = run_training(
+        _workload(), MODEL, [Pool("h20", 4, 1, "tcp")], TRAIN, Mode.sync().with_async_update(), 4, 6
+    )
+    # Nothing may generate under the old weights: the whole fetch and load is in the way.
+    assert far_only.sync_s == pytest.approx(6.911 + local_load_s(MODEL, Pool("h20", 4, 1, "tcp")), rel=0.01)
+
+
+def test_placement_spreads_the_long_task_instead_of_stacking_it() -> None:
+    # Groups of 2 in a long, short, short rotation on 6 engines: placed by count, every long group would land
+    # on the same two engines, six long trajectories each; placed by each task's predicted work, two each,
+    # and the wait stays near the tail floor (the slowest trajectory alone).
+    rng = random.Random(5)
+    w = Workload("test", "synthetic")
+    for g in range(60):
+        task = "long" if g % 3 == 0 else "short"
+        for s in range(2):
+            turns, out = (10, 2500) if task == "long" else (2, 100)
+            steps = tuple(WorkStep(500 + k * (out + 100), out, rng.uniform(0.1, 0.5)) for k in range(turns))
+            w.trajectories.append(WorkTraj(f"{g}#{s}", f"p{g}", s, steps, task=task))
+    r = run_training(w, MODEL, [Pool("h800", 6, 1)], TRAIN, Mode.sync(), 18, 5, warmup=2)
+    assert r.tail_floor_s <= r.wait_s < 1.15 * r.tail_floor_s

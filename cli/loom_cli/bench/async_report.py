@@ -97,8 +97,12 @@ def write_report(directory: Path, out: dict[str, Any]) -> Path:
             f"| {m} | {pm['speedup_vs_sync']:.2f}x | {pm['speedup_vs_oneoff']:.2f}x | {pm['oneoff_vs_sync']:.2f}x "
             f"| {pm['best_alpha']} | {pm['best_alpha_over_1']:.2f}x, {pm['best_alpha_tokens_over_1']:.2f}x |"
         )
+    a1 = {r["model"]: r for r in out["runs"] if r["mode"] == "async-1"}
     short = [
-        f"- {m}: alpha 1 is limited by {pm['limited_by']['async-1']}"
+        f"- {m}: alpha 1's largest term is {pm['limited_by']['async-1']}; with nothing but training and sync in "
+        f"its step it would be {pm['ceiling_vs_sync']:.2f}x sync and {pm['ceiling_vs_oneoff']:.2f}x one-off. "
+        f"The rest is waiting for the batch, {a1[m]['wait_s']:.1f} s a step, with "
+        f"{a1[m]['aborted_fraction']:.1%} of the trajectories started aborted by the bound"
         for m, pm in out["models"].items()
         if pm["speedup_vs_sync"] < out["paper"]["speedup_vs_sync"]
         or pm["speedup_vs_oneoff"] < out["paper"]["speedup_vs_oneoff"]

@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "best_alpha_tokens_over_1": round(best["trained_tokens_per_s"] / a1["trained_tokens_per_s"], 3),
             "aborted_fraction": {str(a): by[(m, f"async-{a}")]["aborted_fraction"] for a in alphas},
             "limited_by": {r["mode"]: r["limited_by"] for r in rows if r["model"] == m},
+            # Bound 1 never trained faster than its update and sync: the speedups that would leave.
+            "ceiling_vs_sync": round(sync["step_time_s"] / (a1["train_s"] + a1["sync_s"]), 3),
+            "ceiling_vs_oneoff": round(oneoff["step_time_s"] / (a1["train_s"] + a1["sync_s"]), 3),
         }
     head = per_model[models[0]]
     out: dict[str, Any] = {

@@ -10,6 +10,7 @@ import os
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.sim_core import SimCore, build_core
+from loom.engine.train_perf import weight_sync_s
 
 __all__ = ["SimCore", "SimEngine"]
 
@@ -33,8 +34,12 @@ class SimEngine:
         max_running: int = 256,
         mem_fraction: float = 0.9,
         hicache_ratio: float = 0.0,
+        weight_link: str | None = None,
     ) -> None:
         self.clock = clock or Clock()
+        # The link new weights arrive over ("rdma" within the trainer's cluster, "tcp" from another):
+        # preparing them takes RollArt Table 3's transfer time for the model; None: they are local.
+        self.fetch_s = weight_sync_s(model, weight_link) if weight_link else 0.0
         self.core = build_core(
             model,
             gpu,
@@ -117,9 +122,12 @@ class SimEngine:
 
     async def prepare_weights(self, version: str, path: str | None) -> None:
         """The simulator has no weights to load: any checkpoint will do, or none, but a ``path`` that does not
-        exist fails as a real engine's load would (tests of a failing worker give one)."""
+        exist fails as a real engine's load would (tests of a failing worker give one). The transfer takes
+        ``fetch_s`` of simulated time; generation goes on meanwhile unless the engine is paused."""
         if path is not None and not await asyncio.to_thread(os.path.exists, path):
             raise FileNotFoundError(f"no checkpoint at {path!r} for weight version {version!r}")
+        if self.fetch_s:
+            await self.clock.sleep(self.fetch_s)
         self._prepared[version] = path
 
     async def commit_weights(self, version: str, flush_cache: bool = True) -> None:

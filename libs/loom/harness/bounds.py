@@ -27,13 +27,14 @@ def critical_path(workload: Workload, cluster: Cluster) -> float:
     for t in workload.trajectories:
         calls = tuple((s.input_len, s.output_len) for s in t.steps)
         if calls not in engine_s:
-            engine_s[calls] = min(_engine_time(perf, calls) for perf in perfs)
+            engine_s[calls] = min(engine_time(perf, calls) for perf in perfs)
         # The trajectory ends with its last call: what its environment does after that is scoring.
         best = max(best, engine_s[calls] + sum(s.env_s for s in t.steps[:-1]))
     return best
 
 
-def _engine_time(perf: PerfModel, calls: tuple[tuple[int, int], ...]) -> float:
+def engine_time(perf: PerfModel, calls: tuple[tuple[int, int], ...]) -> float:
+    """A trajectory's calls ``(input_len, output_len)`` alone on one engine: its prefills and decodes."""
     time, context = 0.0, 0
     for input_len, output_len in calls:
         new = max(0, input_len - context)

@@ -15,7 +15,11 @@ groups, which start again. Three modes are settings of those rules:
   to finish and long groups land in a later one, up to alpha versions late.
 
 A trajectory runs all its calls on one engine (its prefix cache stays there), chosen when it starts: of the
-engines its task's hardware affinity allows, the one with the fewest trajectories.
+engines its task's hardware affinity allows, the one with the least predicted work, each trajectory there
+counted at the mean output of the finished trajectories of its task (``HistoryPredictor`` keyed by the
+task's tag). Counting trajectories instead puts a batch's groups round the engines in the order they
+start, so an interleaved mix stacks every coding group on the same few engines (a third of the engines
+ran all the coding agents of a 72-engine fleet), a tail no scheduler that knows the task would leave.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from typing import Any
 import numpy as np
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.perf import gpu_spec, model_config
+from loom.engine.perf import PerfModel, gpu_spec, model_config
 from loom.engine.sim_core import build_core
 from loom.engine.train_perf import TrainStage, weight_sync_s
 from loom.engine.virtual import VirtualSim
+from loom.harness.bounds import engine_time
 from loom.policies.affinity import eligible
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
+from loom.predict.history import HistoryPredictor
 from loom.workloads.base import Workload, WorkTraj
 
 
@@ -56,17 +62,14 @@ class Mode:
     name: str
     alpha: int
     batches_in_flight: int
-    # RollArt §5.2: engines across clusters (``tcp`` pools) fetch the new weights from the store while they
-    # keep generating and pause only for the local load; the trainer waits only for the ``rdma`` pools.
+    # RollArt §5.2: engines across clusters (``tcp`` pools) fetch the new weights from the store on their
+    # own and pause only for the local load; the trainer and the ``rdma`` pools do not wait for them. Under
+    # a bound of 1 or more they keep generating while they fetch; under bound 0 they hold new work until
+    # their weights land (nothing may generate under old ones), while the near pools already run it.
     # Otherwise every engine pauses until the slowest link has delivered them (veRL's broadcast).
     async_update: bool = False
 
     def with_async_update(self) -> Mode:
-        if self.alpha < 1:
-            raise ValueError(
-                "an asynchronous weight update needs a bound of at least 1: engines generate "
-                "under the old weights while they fetch the new"
-            )
         return dataclasses.replace(self, name=f"{self.name}+async-update", async_update=True)
 
     @staticmethod
@@ -95,6 +98,7 @@ class _Group:
     # Per member: its engine, the rid of its call in flight ("" between calls), calls finished, and whether
     # it is done.
     engine: list[int] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)  # output tokens, counted on its engine's work
     rid: list[str] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
@@ -107,8 +111,11 @@ class TrainingResult:
     step_time_s: float  # mean over the measured steps (after the warm-up)
     step_ends_s: list[float]
     train_s: float  # mean update time per step
-    sync_s: float  # mean pause for the weights per step
+    sync_s: float  # per step, until the first engine can generate under the new weights
     wait_s: float  # mean time the trainer waited for a batch per step
+    # Mean over the measured steps of the slowest trajectory of the batch alone on its engine (calls and
+    # tool time): the part of the wait no placement or scheduling can remove.
+    tail_floor_s: float
     aborted_fraction: float  # aborted trajectories over trajectories started
     aborted_tokens: int
     trained_tokens: float  # mean per step
@@ -125,6 +132,7 @@ class TrainingResult:
             "train_s": round(self.train_s, 1),
             "sync_s": round(self.sync_s, 1),
             "wait_s": round(self.wait_s, 1),
+            "tail_floor_s": round(self.tail_floor_s, 1),
             "aborted_fraction": round(self.aborted_fraction, 3),
             "staleness_mean": round(self.staleness_mean, 2),
             "trained_tokens": round(self.trained_tokens),
@@ -168,11 +176,14 @@ def run_training(
     engines: list[int] = []
     link_of: list[str] = []
     gpu_of: list[str] = []
-    for p in pools:
+    pool_of: list[int] = []
+    for i, p in enumerate(pools):
         for _ in range(p.gpus // p.tp):
             engines.append(sim.add_engine(build_core(model, p.gpu, p.tp, max_running=max_running)))
             link_of.append(p.link)
             gpu_of.append(p.gpu)
+            pool_of.append(i)
+    perfs = [PerfModel(p.gpu, model, p.tp) for p in pools]
     where = {
         tag: np.array(eligible(gpu_of, affinity, tag)) for tag in {t.task for t in workload.trajectories}
     }
@@ -183,9 +194,13 @@ def run_training(
     pause_s = max((weight_sync_s(model, link_of[e]) for e in near), default=0.0)
     fetch_s = weight_sync_s(model, "tcp")
     load_s = max((local_load_s(model, p) for p in pools if p.link == "tcp"), default=0.0)
+    # What the update holds up: the near pools' pause, or with none, the far pools' fetch where bound 0
+    # holds their work until it lands (under a bound they generate on meanwhile).
+    exposed_s = pause_s if near else (fetch_s + load_s if mode.alpha == 0 else 0.0)
     bound = AsyncBound(mode.alpha)
     limit = batch_groups * mode.batches_in_flight
-    active = np.zeros(len(engines), dtype=np.int64)  # trajectories on each engine
+    history = HistoryPredictor()  # keyed by task tag
+    work = np.zeros(len(engines))  # predicted output tokens of the trajectories on each engine
 
     version, consumed = 0, -1
     next_pos = 0
@@ -199,6 +214,14 @@ def run_training(
     ends: list[float] = []
     per_step: list[dict[str, float]] = []
 
+    @functools.cache
+    def engine_s(pool: int, calls: tuple[tuple[int, int], ...]) -> float:
+        return engine_time(perfs[pool], calls)
+
+    def alone(pool: int, t: WorkTraj) -> float:
+        calls = tuple((st.input_len, st.output_len) for st in t.steps)
+        return engine_s(pool, calls) + sum(st.env_s for st in t.steps[:-1])
+
     def refill() -> None:
         nonlocal next_pos
         if not bound.may_start(version, consumed):
@@ -211,10 +234,11 @@ def run_training(
             members = data[task_at(pos, len(data), False, seed)]
             g = _Group(next(gids), pos, members, version, len(members))
             groups[g.gid] = g
-            for j in range(len(members)):
-                mine = where[members[j].task]
-                w = int(mine[np.argmin(active[mine])])
-                active[w] += 1
+            for j, t in enumerate(members):
+                mine = where[t.task]
+                w = int(mine[np.argmin(work[mine])])
+                g.predicted.append(history.predict_total(t.task, 0))
+                work[w] += g.predicted[j]
                 g.engine.append(w)
                 g.rid.append("")
                 g.calls.append(0)
@@ -242,7 +266,8 @@ def run_training(
             sim.call_at(sim.now + t.steps[g.calls[j] - 1].env_s, functools.partial(submit, g, j))
             return
         g.done[j] = True
-        active[g.engine[j]] -= 1
+        work[g.engine[j]] -= g.predicted[j]
+        history.observe(t.task, sum(st.output_len for st in t.steps))
         sim.end_prefix(engines[g.engine[j]], f"{g.gid}.{j}")
         g.left -= 1
         if g.left == 0:
@@ -258,7 +283,7 @@ def run_training(
             if g.rid[j]:
                 sim.abort(engines[g.engine[j]], g.rid[j])
             if not g.done[j]:
-                active[g.engine[j]] -= 1
+                work[g.engine[j]] -= g.predicted[j]
                 sim.end_prefix(engines[g.engine[j]], f"{g.gid}.{j}")
             aborted += 1
             aborted_tokens += sum(st.output_len for st in t.steps[: g.calls[j]])
@@ -296,6 +321,9 @@ def run_training(
                 "staleness": float(np.mean([version - g.start_version for g in batch])),
                 "staleness_max": float(max(version - g.start_version for g in batch)),
                 "trajectories": float(len(contexts)),
+                "floor_s": max(
+                    alone(pool_of[g.engine[j]], t) for g in batch for j, t in enumerate(g.members)
+                ),
             }
         )
         refill()
@@ -304,6 +332,9 @@ def run_training(
     def sync() -> None:
         for e in near:
             sim.pause(e)
+        if far and mode.alpha == 0:
+            for e in far:
+                sim.pause(e)
         if far:
             sim.call_at(sim.now + fetch_s, functools.partial(load_far, version + 1))
         sim.call_at(sim.now + pause_s, commit)
@@ -356,8 +387,9 @@ def run_training(
         step_time_s=float(np.mean(gaps)) if len(gaps) else 0.0,
         step_ends_s=ends,
         train_s=float(np.mean([s["train_s"] for s in measured])) if measured else 0.0,
-        sync_s=pause_s,
+        sync_s=exposed_s,
         wait_s=float(np.mean([s["wait_s"] for s in measured])) if measured else 0.0,
+        tail_floor_s=float(np.mean([s["floor_s"] for s in measured])) if measured else 0.0,
         aborted_fraction=aborted / max(1, started),
         aborted_tokens=aborted_tokens,
         trained_tokens=float(np.mean([s["tokens"] for s in measured])) if measured else 0.0,

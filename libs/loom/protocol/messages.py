@@ -609,20 +609,26 @@ class BatchTaken(Struct):
 
 class WeightUpdate(Struct):
     """Move every rollout worker of the stream's model to ``version``, loaded from ``path`` (a checkpoint
-    directory each worker can read; None for a simulated engine)."""
+    directory each worker can read; None for a simulated engine).
+
+    ``async_fetch`` (RollArt §5.2): the workers fetch and load the new weights beside the serving ones while
+    they go on generating, and the fleet pauses only to switch; otherwise it pauses for the whole load, as
+    a broadcast update does."""
 
     stream_id: Ident
     version: NonNeg
     path: str | None = None
     timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    async_fetch: bool = True
 
 
 class WeightUpdateResult(Struct):
     version: int
     workers: list[str]
-    pause_s: NonNegF
+    pause_s: NonNegF  # generation held
     total_s: NonNegF
     aborted: NonNeg = 0
+    fetch_s: NonNegF = 0.0  # loading while generating (``async_fetch``)
 
 
 class StreamVersion(Struct):

@@ -83,11 +83,13 @@ class StreamClient:
         version: int,
         path: str | None,
         timeout: float = 600.0,  # noqa: ASYNC109
+        async_fetch: bool = True,
     ) -> WeightUpdateResult:
-        """Pause every engine of the stream's model (requests held, not failed), load ``path`` on each as
-        ``version``, resume. All or nothing: when one worker cannot load it, none switches and this raises
-        ``bus.BusError`` with the reason."""
-        u = WeightUpdate(self.id, version, path, timeout_s=timeout)
+        """Load ``path`` on every engine of the stream's model as ``version`` while they generate, then pause
+        them (requests held, not failed), switch all, resume. All or nothing: when one worker cannot load
+        it, none switches and this raises ``bus.BusError`` with the reason. ``async_fetch`` false loads
+        inside the pause instead."""
+        u = WeightUpdate(self.id, version, path, timeout_s=timeout, async_fetch=async_fetch)
         res = await bus.request(
             self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30
         )
@@ -165,8 +167,10 @@ class SyncStreamClient:
     def get_batch(self, n_groups: int, timeout: float | None = None) -> Batch:
         return self._run(self._client.get_batch(n_groups, timeout))
 
-    def update_weights(self, version: int, path: str | None, timeout: float = 600.0) -> WeightUpdateResult:
-        return self._run(self._client.update_weights(version, path, timeout))
+    def update_weights(
+        self, version: int, path: str | None, timeout: float = 600.0, async_fetch: bool = True
+    ) -> WeightUpdateResult:
+        return self._run(self._client.update_weights(version, path, timeout, async_fetch))
 
     def close(self, cancel: bool = True) -> None:
         try:
