@@ -21,6 +21,7 @@ Two exact solvers of the same problem (groups may be empty: workers may idle):
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,10 +62,10 @@ class WorkerProfile:
 
     def factor(self, sizes: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
         x = np.asarray(sizes, dtype=np.float64)
-        g = self._floored()
+        g, at = self._floored, self._points
         last = len(g) - 1
         slope = g[last] - g[last - 1] if last >= 1 else 0.0
-        inside = np.interp(x, np.arange(last + 1, dtype=np.float64), g)
+        inside = np.interp(x, at, g)
         out = np.where(x > last, g[last] + slope * (x - last), inside)
         return np.where(x > 0, out, 0.0)
 
@@ -87,11 +88,17 @@ class WorkerProfile:
         t = self.per_token_s * np.maximum(head * shared, self.work_rate * work)
         return np.where(size > 0, t, 0.0)
 
+    # Computed once per profile (the placement prices thousands of groups against one table).
+    @functools.cached_property
     def _floored(self) -> NDArray[np.float64]:
         g = np.asarray(self.interference, dtype=np.float64).copy()
         if len(g) > 1:
             g[0] = g[1]  # a group smaller than one trajectory still runs at the single-trajectory rate
         return g
+
+    @functools.cached_property
+    def _points(self) -> NDArray[np.float64]:
+        return np.arange(len(self._floored), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -278,16 +285,20 @@ def _capacity(table: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.
     even the smallest non-empty group exceeds y."""
     top = len(table) - 1
     k = np.searchsorted(table, y, side="right") - 1
-    inside = np.clip(k, 0, top - 1)
+    inside = np.minimum(np.maximum(k, 0), top - 1)
     lo, hi = table[inside], table[inside + 1]
     gap = np.where(hi > lo, hi - lo, 1.0)
     frac = np.where(hi > lo, (np.minimum(y, hi) - lo) / gap, 1.0)
-    x = inside + np.clip(frac, 0.0, 1.0)
+    x = inside + np.minimum(np.maximum(frac, 0.0), 1.0)
     return np.where(k < 0, -1.0, np.where(k >= top, float(top), x))
 
 
 # Targets probed at once: each round narrows the bracket around the optimum by this factor (in log space).
 PROBES = 256
+# A makespan within this of the optimum is the optimum: the fill's tolerance for rounding in the cumulative
+# weights admits targets a little below what the partition it finds achieves, so a tighter one only adds
+# rounds that find nothing better.
+EXACT = 1e-9
 
 
 def _solve_parametric(
@@ -308,7 +319,7 @@ def _solve_parametric(
     # Zero-length trajectories fit anywhere; a tiny head keeps every division finite. Past the end, a
     # worker with nothing left takes "everything" (nothing).
     head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
-    slack = 1e-9 * max(1.0, *(float(cw[-1]) for cw in cws))  # cumulative weights carry rounding
+    slack = 1e-11 * max(1.0, *(float(cw[-1]) for cw in cws))  # cumulative weights carry rounding
 
     def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
         """Greedy fill for every target at once: the group starts, (m+1, K); all fit where the last is n."""
@@ -324,28 +335,38 @@ def _solve_parametric(
                 budget = targets / (speeds[j] * rates[j])
                 by_work = np.searchsorted(ck, ck[start] + budget * (1 + 1e-12), side="right") - 1
                 end = np.minimum(end, by_work)
-            starts[j + 1] = np.where(room < 0, start, np.clip(end, start, n))
+            starts[j + 1] = np.where(room < 0, start, np.minimum(np.maximum(end, start), n))
             start = starts[j + 1]
         return starts
 
+    # Workers of one profile share its tables: a partition's groups are priced a kind at a time.
+    kinds: dict[int, list[int]] = {}
+    for j, p in enumerate(workers):
+        kinds.setdefault(id(p), []).append(j)
+    by_kind = [(workers[js[0]], np.array(js), cws[js[0]], cks[js[0]]) for js in kinds.values()]
+
     def span(cuts: NDArray[np.int64]) -> float:
         worst = 0.0
-        for j, (a, b) in enumerate(itertools.pairwise(cuts.tolist())):
-            if b > a:
-                cw, ck = cws[j], cks[j]
-                worst = max(worst, _time(workers[j], heads[a], cw[b] - cw[a], ck[b] - ck[a]))
-        return float(worst)
+        for prof, js, cw, ck in by_kind:
+            a, b = cuts[js], cuts[js + 1]
+            a, b = a[b > a], b[b > a]
+            if len(a):
+                worst = max(worst, float(prof.group_time(heads[a], cw[b] - cw[a], ck[b] - ck[a]).max()))
+        return worst
 
     lo = float(heads[0] * min(speeds) * min(t[1] for t in tables))  # the longest alone on the fastest
-    starts = fill(np.array([lo, np.inf]))
-    if starts[m, 0] == n:
-        return _cuts(starts[:, 0])
-    best = starts[:, 1]
-    hi = span(best)
-    while hi > lo * (1 + 1e-12):
+    if len({id(ck) for ck in cks}) == 1 and all(r > 0 for r in rates):
+        # Every worker counts work in the same units: together they clear at most the sum of their rates.
+        lo = max(lo, float(cks[0][-1]) / sum(1.0 / (s * r) for s, r in zip(speeds, rates, strict=True)))
+    # Everything on the fastest worker: the partition a target of infinity fills, priced without a fill.
+    best = np.array([0] + [n] * m, dtype=np.int64)
+    hi = _time(workers[0], heads[0], float(cws[0][-1]), float(cks[0][-1]))
+    probe_lo = True  # lo is a lower bound but may itself be feasible: the first round tries it
+    while hi > lo * (1 + EXACT):
         # Ascending targets, the last just below the best makespan found. Feasibility is monotone in the
         # target, so if even that one fails, the best found is optimal.
-        targets = np.append(np.geomspace(lo, hi, PROBES + 1)[1:-1], hi * (1 - 1e-12))
+        grid = np.geomspace(lo, hi, PROBES + 1)[:-1]
+        targets = np.append(grid if probe_lo else grid[1:], hi * (1 - EXACT))
         ok = fill(targets)
         fits = ok[m] == n
         if not fits[-1]:
@@ -357,6 +378,7 @@ def _solve_parametric(
             best, hi = ok[:, i], got
         if i > 0:
             lo = float(targets[i - 1])
+        probe_lo = False
         if not progress:
             break  # the bracket is as tight as rounding in the weights allows
     return _cuts(best)
