@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loom_cli import learned_predictor
 from loom_cli.client import LoomClient
-from loom_cli.deploy import DeployConfig, Deployment, free_port
+from loom_cli.deploy import DeployConfig, Deployment, free_port, gather_health
 from loom_cli.summary import summarize
 
 
@@ -36,11 +37,16 @@ async def run_demo(
     speed: float,
     home: Path | None,
     policy: dict[str, Any] | None = None,
+    predictor_minutes: float = learned_predictor.DEFAULT_MINUTES,
 ) -> int:
     console = Console(stderr=True)
     t0 = time.monotonic()
+    env = learned_predictor.ensure(console, predictor_minutes)
+    t_model = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="loom-demo-") as tmp:
-        cfg = DeployConfig(home=home or Path(tmp), workers=workers, speed=speed, api_port=free_port())
+        cfg = DeployConfig(
+            home=home or Path(tmp), workers=workers, speed=speed, api_port=free_port(), extra_env=env
+        )
         dep = Deployment(cfg)
         console.print(
             f"[bold]Loom demo[/]: {workers} simulated workers, time x{speed:g}, logs in {cfg.home}/logs"
@@ -48,6 +54,7 @@ async def run_demo(
         try:
             await dep.start()
             t_up = time.monotonic()
+            health = await gather_health(dep.nats.url, 1.0)
             summary = await asyncio.to_thread(
                 _run_job, dep.api_url, demo_spec(prompts, samples, policy), console
             )
@@ -55,14 +62,25 @@ async def run_demo(
         finally:
             await dep.stop()
     summary["wall_s"] = round(time.monotonic() - t0, 1)
-    summary["phases_s"] = {"start": round(t_up - t0, 1), "job": round(t_job - t_up, 1)}
+    summary["phases_s"] = {
+        "predictor": round(t_model - t0, 1),
+        "start": round(t_up - t_model, 1),
+        "job": round(t_job - t_up, 1),
+    }
+    served = [h.details.get("method", "?") for h in health.get("predictor", [])]
+    summary["predictor"] = served[0] if served else "unknown"
     summary["speed"] = speed
     _print_table(console, summary)
     out = {
         k: summary[k]
         for k in ("trajectories", "completed", "failed", "makespan_s", "throughput_tok_s", "step_latency_ms")
     }
-    out |= {"wall_s": summary["wall_s"], "phases_s": summary["phases_s"], "speed": speed}
+    out |= {
+        "wall_s": summary["wall_s"],
+        "phases_s": summary["phases_s"],
+        "speed": speed,
+        "predictor": summary["predictor"],
+    }
     print(json.dumps(out), flush=True)
     return 0 if summary["completed"] == summary["trajectories"] else 1
 
@@ -103,6 +121,7 @@ def _print_table(console: Console, s: dict[str, Any]) -> None:
         ),
         ("mean reward (resolved)", f"{s['mean_reward']}"),
         ("workers used", ", ".join(s["workers"])),
+        ("length predictor", s["predictor"]),
         ("wall time", f"{s['wall_s']:.1f} s"),
     ]
     for k, v in rows:

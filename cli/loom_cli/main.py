@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import logs
-from loom_cli import bench, images, predictor, simserver, train_args
+from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
 
@@ -25,6 +25,7 @@ def _api(args: argparse.Namespace) -> LoomClient:
 
 
 async def _up(args: argparse.Namespace) -> int:
+    env = learned_predictor.ensure(Console(stderr=True), args.predictor_minutes)
     cfg = DeployConfig(
         home=args.home,
         workers=args.workers,
@@ -34,6 +35,7 @@ async def _up(args: argparse.Namespace) -> int:
         model=args.model,
         gpu=args.gpu,
         log_level=args.log_level,
+        extra_env=env,
     )
     dep = Deployment(cfg)
     stop = asyncio.Event()
@@ -113,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="qwen3-8b")
     up.add_argument("--gpu", default="h100")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument(
+        "--predictor-minutes",
+        type=float,
+        default=learned_predictor.DEFAULT_MINUTES,
+        help="train a length predictor for this long where none exists (0: none; 1 is enough)",
+    )
 
     sub.add_parser("status", help="health of every service instance")
     s = sub.add_parser("submit", help="submit a job spec (JSON file)")
@@ -137,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--speed", type=float, default=20.0)
     d.add_argument("--policy", help='job policy as JSON, e.g. \'{"preset": "slime"}\' (default: heddle)')
+    d.add_argument(
+        "--predictor-minutes",
+        type=float,
+        default=learned_predictor.DEFAULT_MINUTES,
+        help="train a length predictor for this long where none exists (0: none; 1 is enough)",
+    )
     rm = sub.add_parser(
         "rollmux-demo", help="three trainer processes co-scheduled over NATS; Gantt of what ran"
     )
@@ -174,7 +188,11 @@ def main(argv: list[str] | None = None) -> None:
             from loom_cli.demo import run_demo
 
             policy = json.loads(args.policy) if args.policy else None
-            rc = asyncio.run(run_demo(args.prompts, args.samples, args.workers, args.speed, None, policy))
+            rc = asyncio.run(
+                run_demo(
+                    args.prompts, args.samples, args.workers, args.speed, None, policy, args.predictor_minutes
+                )
+            )
         else:
             rc = {"submit": _submit, "results": _results, "cancel": _cancel, "job": _job}[args.cmd](args)
     except ApiError as e:

@@ -19,12 +19,17 @@ def _profile(per_token_s: float, increments: list[float], saturation: float = fl
 
 
 def _brute_force(
-    lengths: list[float], workers: list[WorkerProfile], weights: list[float] | None = None
+    lengths: list[float],
+    workers: list[WorkerProfile],
+    weights: list[float] | None = None,
+    tool: list[float] | None = None,
 ) -> float:
-    """Min over all m^n assignments of trajectories to workers, vectorised."""
+    """Min over all m^n assignments of trajectories to workers, vectorised; a group pays its members'
+    longest tool time on top of its generation."""
     n, m = len(lengths), len(workers)
     L = np.asarray(lengths)
     W = np.ones(n) if weights is None else np.asarray(weights)
+    T = np.zeros(n) if tool is None else np.asarray(tool)
     assign = np.array(list(itertools.product(range(m), repeat=n)))  # (m^n, n)
     worst = np.zeros(len(assign))
     for w, prof in enumerate(workers):
@@ -32,7 +37,8 @@ def _brute_force(
         size = np.where(mine, W[None, :], 0.0).sum(axis=1)
         work = np.where(mine, (L * W)[None, :], 0.0).sum(axis=1)
         head = np.where(mine, L[None, :], 0.0).max(axis=1)
-        worst = np.maximum(worst, prof.group_time(head, size, work))
+        tools = np.where(mine, T[None, :], 0.0).max(axis=1)
+        worst = np.maximum(worst, np.where(size > 0, prof.group_time(head, size, work) + tools, 0.0))
     return float(worst.min())
 
 
@@ -89,10 +95,13 @@ def _best_contiguous(
     weights: list[float],
     workers: list[WorkerProfile],
     prefill: list[float] | None = None,
+    tool: list[float] | None = None,
 ) -> float:
-    """Min over every way to cut the length-sorted trajectories into len(workers) runs (empty allowed)."""
+    """Min over every way to cut the length-sorted trajectories into len(workers) runs (empty allowed); a
+    run pays the longest tool time from its first trajectory to the end of the order."""
     n = len(lengths)
     pre = prefill or [0.0] * n
+    tl = tool or [0.0] * n
     order = sorted(range(n), key=lambda i: -lengths[i])
     best = float("inf")
     for cuts in itertools.combinations_with_replacement(range(n + 1), len(workers) - 1):
@@ -106,7 +115,8 @@ def _best_contiguous(
                 per = prof.prefill_s / (prof.per_token_s * prof.work_rate) if prof.work_rate else 0.0
                 decode = sum(w * lengths[i] for w, i in zip(share, order[a:b], strict=True))
                 work = np.array([decode + per * sum(pre[i] for i in order[a:b])])
-                worst = max(worst, float(prof.group_time(np.array([lengths[order[a]]]), size, work)[0]))
+                gen = float(prof.group_time(np.array([lengths[order[a]]]), size, work)[0])
+                worst = max(worst, gen + max(tl[i] for i in order[a:]))
         best = min(best, worst)
     return best
 
@@ -239,3 +249,35 @@ def test_bad_input_is_rejected() -> None:
         presorted_dp([1.0], w, method="magic")
     empty = presorted_dp([], w)
     assert empty.makespan == 0.0 and empty.bounds == [(0, 0)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.lists(st.tuples(st.floats(1, 50_000), st.floats(0, 300)), min_size=1, max_size=8),
+    ts=st.lists(st.sampled_from([0.004, 0.01, 0.02]), min_size=1, max_size=3),
+    inc=increments_st,
+    sat=saturation_st,
+)
+def test_tool_time_is_paid_by_each_group_and_both_solvers_stay_exact(
+    data: list[tuple[float, float]], ts: list[float], inc: list[float], sat: float
+) -> None:
+    lengths = [a for a, _ in data]
+    tool = [b for _, b in data]
+    workers = [_profile(t, inc, sat) for t in ts]
+    want = _best_contiguous(
+        lengths, [1.0] * len(lengths), sorted(workers, key=lambda w: w.per_token_s), tool=tool
+    )
+    for method in ("parametric", "dp"):
+        got = presorted_dp(lengths, workers, method=method, tool=tool)
+        assert got.makespan == pytest.approx(want, rel=1e-9)
+        assert max(got.group_times) == pytest.approx(got.makespan, rel=1e-12)
+    # A group pays at least its members' longest tool time: never better than every assignment can do.
+    assert got.makespan >= _brute_force(lengths, workers, tool=tool) * (1 - 1e-9)
+    # Tool time that grows with length (more calls) is each group's own longest: there the best contiguous
+    # partition with exact per-group tool times is what the solvers find.
+    scaled = [x / 100.0 for x in lengths]
+    exact = presorted_dp(lengths, workers, tool=scaled).makespan
+    assert exact == pytest.approx(presorted_dp(lengths, workers, method="dp", tool=scaled).makespan, rel=1e-9)
+    assert presorted_dp(lengths, workers, tool=[0.0] * len(lengths)).makespan == pytest.approx(
+        presorted_dp(lengths, workers).makespan, rel=1e-12
+    )

@@ -55,6 +55,12 @@ class Cluster:
         )
 
 
+def tool_time(cluster: Cluster, predicted: Sequence[float]) -> list[float]:
+    """Each trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
+    tokens) at the cluster's tool time per call."""
+    return [p / cluster.step_tokens * cluster.tool_s for p in predicted]
+
+
 def allocate(
     policy: ResolvedPolicy,
     cluster: Cluster,
@@ -63,12 +69,20 @@ def allocate(
     weights: Sequence[float] | None = None,
     prefill: Sequence[float] | None = None,
 ) -> list[int]:
-    """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6)."""
+    """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6),
+    the annealing weighing each trajectory's tool time (``tool_time``) that no degree shortens."""
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
         profiles = {d: cluster.profile(d, top, policy) for d in fits}
-        problem = ResourceProblem(predicted, cluster.gpus, profiles, weights=weights, prefill=prefill)
+        problem = ResourceProblem(
+            predicted,
+            cluster.gpus,
+            profiles,
+            weights=weights,
+            prefill=prefill,
+            tool=tool_time(cluster, predicted),
+        )
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
     if cluster.gpus % mp:

@@ -23,7 +23,7 @@ from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO, build_core
 from loom.engine.virtual import VirtualSim
 from loom.harness.bounds import lower_bound_terms
-from loom.harness.cluster import Cluster, allocate
+from loom.harness.cluster import Cluster, allocate, tool_time
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
 from loom.policies.partition import presorted_dp
@@ -212,6 +212,7 @@ def run_rollout(
             profiles,
             weights=[weights[i] for i in order],
             prefill=[prefill[i] for i in order],
+            tool=tool_time(cluster, [initial[i] for i in order]),
         )
         assignment = part.assignment()
         for rank, i in enumerate(order):

@@ -124,6 +124,7 @@ def presorted_dp(
     method: str = "parametric",
     weights: Sequence[float] | NDArray[np.float64] | None = None,
     prefill: Sequence[float] | NDArray[np.float64] | None = None,
+    tool: Sequence[float] | NDArray[np.float64] | None = None,
 ) -> Partition:
     """Optimal contiguous partition of trajectories sorted by length onto workers sorted by speed.
 
@@ -132,6 +133,10 @@ def presorted_dp(
     context, so one that holds four times the KV cache counts as four (see ``loom.policies.profiles``).
     ``prefill``: each trajectory's input tokens to prefill (prompt and observations), which saturated
     workers charge at their ``prefill_s`` on top of the decode work.
+    ``tool``: each trajectory's seconds in tool calls, which no worker shortens. A group's time adds the
+    longest of them from its head on in the sorted order (at least its members' longest, and nonincreasing
+    as the group's head moves down, which keeps both solvers exact): where tool time grows with length,
+    a faster worker shortens the head's generation but not its tools, and the allocation weighs that.
 
     ``max_items`` aggregates the shortest trajectories into equal-count chunks when there are more than
     that many (Heddle's aggregation of short trajectories below a threshold): boundaries among the short
@@ -151,11 +156,16 @@ def presorted_dp(
     pre = np.zeros(len(lens)) if prefill is None else np.asarray(prefill, dtype=np.float64)
     if pre.shape != lens.shape or np.any(pre < 0) or not np.all(np.isfinite(pre)):
         raise ValueError(f"prefill needs {len(lens)} finite non-negative token counts")
+    tl = np.zeros(len(lens)) if tool is None else np.asarray(tool, dtype=np.float64)
+    if tl.shape != lens.shape or np.any(tl < 0) or not np.all(np.isfinite(tl)):
+        raise ValueError(f"tool needs {len(lens)} finite non-negative durations")
     order = np.argsort(-lens, kind="stable")
     sorted_lens = lens[order]
     wsort = sorted(range(m), key=lambda w: workers[w].per_token_s)
     starts = _aggregate(len(lens), max_items)
     heads = sorted_lens[starts[:-1]]
+    # Per item: the longest tool time from its first trajectory to the end of the sorted order.
+    tails = np.maximum.accumulate(tl[order][::-1])[::-1][starts[:-1]] if len(lens) else np.zeros(0)
     ordered = [workers[w] for w in wsort]
     # Per worker kind: cumulative weights in its units, and work in its weight-tokens, prefill converted
     # at its rates.
@@ -174,9 +184,9 @@ def presorted_dp(
     cws = [sums[k][0] for k in keys]
     cks = [sums[k][1] for k in keys]
     if method == "parametric":
-        cuts = _solve_parametric(heads, cws, cks, ordered)
+        cuts = _solve_parametric(heads, tails, cws, cks, ordered)
     elif method == "dp":
-        cuts = _solve_dp(heads, cws, cks, ordered)
+        cuts = _solve_dp(heads, tails, cws, cks, ordered)
     else:
         raise ValueError(f"unknown method {method!r}")
     bounds: list[tuple[int, int]] = [(0, 0)] * m
@@ -186,7 +196,7 @@ def presorted_dp(
         bounds[w] = (int(starts[a]), int(starts[b]))
         if b > a:
             cw, ck = cws[rank], cks[rank]
-            times[w] = _time(workers[w], heads[a], cw[b] - cw[a], ck[b] - ck[a])
+            times[w] = _time(workers[w], heads[a], cw[b] - cw[a], ck[b] - ck[a]) + float(tails[a])
     return Partition(
         order=order,
         bounds=bounds,
@@ -211,6 +221,7 @@ def _time(prof: WorkerProfile, head: float, size: float, work: float) -> float:
 
 def _solve_dp(
     heads: NDArray[np.float64],
+    tails: NDArray[np.float64],
     cws: Sequence[NDArray[np.float64]],
     cks: Sequence[NDArray[np.float64]],
     workers: Sequence[WorkerProfile],
@@ -220,6 +231,7 @@ def _solve_dp(
     n = len(heads)
     idx = np.arange(n + 1)
     head_at = np.concatenate([heads, [0.0]])  # head_at[n] is never a group's first item
+    tail_at = np.concatenate([tails, [0.0]])
     prev = np.full(n + 1, np.inf)
     prev[0] = 0.0
     choices = []
@@ -231,7 +243,7 @@ def _solve_dp(
             cw: NDArray[np.float64] = cw,
             ck: NDArray[np.float64] = ck,
         ) -> NDArray[np.float64]:
-            t = prof.group_time(head_at[k], cw[idx] - cw[k], ck[idx] - ck[k])
+            t = prof.group_time(head_at[k], cw[idx] - cw[k], ck[idx] - ck[k]) + tail_at[k]
             return np.where(idx > k, t, 0.0)
 
         lo = np.zeros(n + 1, dtype=np.int64)
@@ -303,6 +315,7 @@ EXACT = 1e-9
 
 def _solve_parametric(
     heads: NDArray[np.float64],
+    tails: NDArray[np.float64],
     cws: Sequence[NDArray[np.float64]],
     cks: Sequence[NDArray[np.float64]],
     workers: Sequence[WorkerProfile],
@@ -319,6 +332,7 @@ def _solve_parametric(
     # Zero-length trajectories fit anywhere; a tiny head keeps every division finite. Past the end, a
     # worker with nothing left takes "everything" (nothing).
     head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
+    tail = np.concatenate([tails, [0.0]])
     slack = 1e-11 * max(1.0, *(float(cw[-1]) for cw in cws))  # cumulative weights carry rounding
 
     def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
@@ -327,12 +341,13 @@ def _solve_parametric(
         start = starts[0]
         for j in range(m):
             cw, ck = cws[j], cks[j]
-            y = targets / (head[start] * speeds[j])
+            left = targets - tail[start]  # what the group's tools leave for its generation
+            y = left / (head[start] * speeds[j])
             # The head term binds only below saturation; past it, the work term does.
             room = np.where(y >= sat_f[j], np.inf, _capacity(tables[j], y))
             end = np.searchsorted(cw, cw[start] + room + slack, side="right") - 1
             if rates[j] > 0:
-                budget = targets / (speeds[j] * rates[j])
+                budget = left / (speeds[j] * rates[j])
                 by_work = np.searchsorted(ck, ck[start] + budget * (1 + 1e-12), side="right") - 1
                 end = np.minimum(end, by_work)
             starts[j + 1] = np.where(room < 0, start, np.minimum(np.maximum(end, start), n))
@@ -351,16 +366,19 @@ def _solve_parametric(
             a, b = cuts[js], cuts[js + 1]
             a, b = a[b > a], b[b > a]
             if len(a):
-                worst = max(worst, float(prof.group_time(heads[a], cw[b] - cw[a], ck[b] - ck[a]).max()))
+                t = prof.group_time(heads[a], cw[b] - cw[a], ck[b] - ck[a]) + tails[a]
+                worst = max(worst, float(t.max()))
         return worst
 
-    lo = float(heads[0] * min(speeds) * min(t[1] for t in tables))  # the longest alone on the fastest
+    # The longest alone on the fastest, with its tools.
+    lo = float(heads[0] * min(speeds) * min(t[1] for t in tables) + tails[0])
     if len({id(ck) for ck in cks}) == 1 and all(r > 0 for r in rates):
         # Every worker counts work in the same units: together they clear at most the sum of their rates.
         lo = max(lo, float(cks[0][-1]) / sum(1.0 / (s * r) for s, r in zip(speeds, rates, strict=True)))
+        # (Tools only add to a group's time: the bound without them holds.)
     # Everything on the fastest worker: the partition a target of infinity fills, priced without a fill.
     best = np.array([0] + [n] * m, dtype=np.int64)
-    hi = _time(workers[0], heads[0], float(cws[0][-1]), float(cks[0][-1]))
+    hi = _time(workers[0], heads[0], float(cws[0][-1]), float(cks[0][-1])) + float(tails[0])
     probe_lo = True  # lo is a lower bound but may itself be feasible: the first round tries it
     while hi > lo * (1 + EXACT):
         # Ascending targets, the last just below the best makespan found. Feasibility is monotone in the

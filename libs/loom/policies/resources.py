@@ -41,6 +41,7 @@ class ResourceProblem:
         max_items: int | None = 512,
         weights: Sequence[float] | NDArray[np.float64] | None = None,
         prefill: Sequence[float] | NDArray[np.float64] | None = None,
+        tool: Sequence[float] | NDArray[np.float64] | None = None,
     ) -> None:
         if gpus < 1:
             raise ValueError("need at least one GPU")
@@ -49,6 +50,7 @@ class ResourceProblem:
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self.prefill = None if prefill is None else np.asarray(prefill, dtype=np.float64)
+        self.tool = None if tool is None else np.asarray(tool, dtype=np.float64)
         self.gpus = gpus
         self.profiles = dict(profiles)
         self.degrees = sorted(self.profiles)
@@ -62,7 +64,12 @@ class ResourceProblem:
         if p is None:
             workers = [self.profiles[d] for d in state]
             p = self._cache[state] = presorted_dp(
-                self.lengths, workers, max_items=self.max_items, weights=self.weights, prefill=self.prefill
+                self.lengths,
+                workers,
+                max_items=self.max_items,
+                weights=self.weights,
+                prefill=self.prefill,
+                tool=self.tool,
             )
         return p
 
