@@ -68,9 +68,11 @@ def allocate(
     seed: int = 0,
     weights: Sequence[float] | None = None,
     prefill: Sequence[float] | None = None,
+    tool: Sequence[float] | None = None,
 ) -> list[int]:
     """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6),
-    the annealing weighing each trajectory's tool time (``tool_time``) that no degree shortens."""
+    the annealing weighing each trajectory's tool seconds (``tool``, else ``tool_time``'s estimate), which
+    no degree shortens."""
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
@@ -81,7 +83,7 @@ def allocate(
             profiles,
             weights=weights,
             prefill=prefill,
-            tool=tool_time(cluster, predicted),
+            tool=tool_time(cluster, predicted) if tool is None else tool,
         )
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)

@@ -75,6 +75,13 @@ class _Predictor:
             context = s.input_len + s.output_len
         return float(new)
 
+    def tool(self, t: WorkTraj, cluster: Cluster, total: float) -> float:
+        """Seconds the trajectory will spend in tools: known to the oracle (every call but the last, whose
+        environment step is scoring); otherwise its predicted calls at the cluster's time per call."""
+        if self.kind == "oracle":
+            return sum(s.env_s for s in t.steps[:-1])
+        return tool_time(cluster, [total])[0]
+
     def finished(self, t: WorkTraj) -> None:
         self.history_context.setdefault(t.prompt, []).append(mean_context(t))
         self.history.observe(t.prompt, t.output_tokens)
@@ -180,7 +187,8 @@ def run_rollout(
     step_tokens = sum(st.output_len for st in steps) / max(1, len(steps))
     cluster = dataclasses.replace(cluster, context_len=ref, step_tokens=step_tokens)
     prefill = [pred.prefill(t) for t in trajs]
-    degrees = allocate(policy, cluster, initial, seed, weights, prefill)
+    tools = [pred.tool(t, cluster, p) for t, p in zip(trajs, initial, strict=True)]
+    degrees = allocate(policy, cluster, initial, seed, weights, prefill, tools)
     preemptive = policy.order in ("pps", "autellix")
     sim = VirtualSim()
     engines = [
@@ -212,7 +220,7 @@ def run_rollout(
             profiles,
             weights=[weights[i] for i in order],
             prefill=[prefill[i] for i in order],
-            tool=tool_time(cluster, [initial[i] for i in order]),
+            tool=[tools[i] for i in order],
         )
         assignment = part.assignment()
         for rank, i in enumerate(order):
