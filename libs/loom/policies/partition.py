@@ -333,6 +333,7 @@ def _solve_parametric(
     # worker with nothing left takes "everything" (nothing).
     head = np.concatenate([np.maximum(heads, 1e-300), [1e-300]])
     tail = np.concatenate([tails, [0.0]])
+    tools = bool(tails.any())
     slack = 1e-11 * max(1.0, *(float(cw[-1]) for cw in cws))  # cumulative weights carry rounding
 
     def fill(targets: NDArray[np.float64]) -> NDArray[np.int64]:
@@ -341,10 +342,12 @@ def _solve_parametric(
         start = starts[0]
         for j in range(m):
             cw, ck = cws[j], cks[j]
-            left = targets - tail[start]  # what the group's tools leave for its generation
+            left = targets - tail[start] if tools else targets  # what the group's tools leave it
             y = left / (head[start] * speeds[j])
-            # The head term binds only below saturation; past it, the work term does.
-            room = np.where(y >= sat_f[j], np.inf, _capacity(tables[j], y))
+            room = _capacity(tables[j], y)
+            if np.isfinite(sat_f[j]):
+                # The head term binds only below saturation; past it, the work term does.
+                room = np.where(y >= sat_f[j], np.inf, room)
             end = np.searchsorted(cw, cw[start] + room + slack, side="right") - 1
             if rates[j] > 0:
                 budget = left / (speeds[j] * rates[j])
