@@ -22,9 +22,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loom.harness.mapping import choose_affinity
 from loom.harness.training import Mode, Pool
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
+from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, mix_workload, run_cells, run_plan
 
 PAPER = {"vs_h20_only": (1.30, 1.68), "vs_h800_only": (1.12, 1.37)}
 AFFINITY = (("coding", "h800"), ("default", "h20"))
@@ -56,6 +57,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, (pools, aff) in configs(m).items()
         for tag, mode in modes.items()
     ]
+    # Loom's own mapping from the engine model (``loom.harness.mapping``), run as a fourth configuration on
+    # the affinity pools where it differs from RollArt's.
+    mix = mix_workload(args.seed).trajectories
+    chosen = {m: choose_affinity(mix, m, {"h800": TP[m], "h20": TP[m]}) for m in models}
+    for m in models:
+        mine = tuple(sorted(chosen[m].affinity.items()))
+        if dict(mine) != dict(AFFINITY):
+            pools = configs(m)["affinity"][0]
+            cells += [
+                Cell(m, mode, pools, 32, args.batch_groups, steps, warmup, args.seed, f"loom {tag}", mine)
+                for tag, mode in modes.items()
+            ]
     rows = run_cells(cells, args.workers)
     for row, c in zip(rows, cells, strict=True):
         row["config"], row["mode_tag"] = c.label.split(" ")
@@ -72,6 +85,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "vs_h20_only": head["vs_h20_only"],
         "vs_h800_only": head["vs_h800_only"],
         "models": per_model,
+        "chosen_affinity": {
+            m: {"affinity": c.affinity, "same_as_paper": c.affinity == dict(AFFINITY), "why": c.reasons}
+            for m, c in chosen.items()
+        },
         "runs": rows,
         "paper": PAPER,
         "target": {
@@ -126,6 +143,18 @@ def write_report(directory: Path, out: dict[str, Any]) -> Path:
         "floor is the slowest trajectory of each batch alone on the GPU its task runs on (its calls and tool "
         "time, no other load): in the synchronous step the wait cannot fall below it, and the affinity leaves it "
         "where it was whenever that trajectory runs on H800 in both configurations.",
+        "",
+        "Loom's own mapping, chosen from the engine model (`loom.harness.mapping`):",
+        "",
+    ]
+    for m, c in out["chosen_affinity"].items():
+        same = (
+            "the same as RollArt's"
+            if c["same_as_paper"]
+            else "not RollArt's: run as the `loom` configuration"
+        )
+        lines.append(f"- {m}: `{json.dumps(c['affinity'])}`, {same}. " + "; ".join(c["why"]) + ".")
+    lines += [
         "",
         f"![terms]({plot.name})",
         "",

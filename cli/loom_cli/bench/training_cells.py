@@ -36,14 +36,14 @@ class Cell:
 
 
 @functools.cache
-def _workload(seed: int) -> Workload:
+def mix_workload(seed: int) -> Workload:
     """The mix, loaded once per process (about a second of trace parsing; the harness only reads it)."""
     return mixed(group_size=8, seed=seed)
 
 
 def run_cell(c: Cell) -> dict[str, Any]:
     r = run_training(
-        _workload(c.seed),
+        mix_workload(c.seed),
         c.model,
         list(c.rollout),
         TrainStage(c.model, "h800", c.train_gpus),
