@@ -245,6 +245,9 @@ async def run_mode(
                             "wait_s": round(waited, 2),
                             "train_s": round(rep.train_s, 2),
                             "update_s": round(upd.total_s, 2),
+                            # RollArt §5.2: loading while the engines generate; held only to switch.
+                            "update_fetch_s": round(upd.fetch_s, 3),
+                            "update_pause_s": round(upd.pause_s, 3),
                             **{k: round(v, 4) for k, v in rep.metrics.items()},
                         }
                     )
@@ -315,6 +318,10 @@ def paired_gain_ci(
     return statistics.fmean(d), means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
+def _mean(steps: list[dict[str, Any]], key: str) -> float | None:
+    return round(statistics.fmean(s[key] for s in steps), 3) if steps else None
+
+
 def summarize(cfg: TrainConfig, main: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
     gain, lo, hi = paired_gain_ci(main.eval_first, main.eval_last, seed=cfg.seed)
     first = statistics.fmean(main.eval_first.values()) if main.eval_first else None
@@ -335,6 +342,9 @@ def summarize(cfg: TrainConfig, main: ModeResult, sync: ModeResult | None) -> di
         "async_bound": main.async_bound,
         "wall_s": main.wall_s,
         "sync_wall_s": sync.wall_s if sync is not None else None,
+        # Per weight update, mean: the engines loaded while generating, then paused only to switch.
+        "update_fetch_s": _mean(main.steps, "update_fetch_s"),
+        "update_pause_s": _mean(main.steps, "update_pause_s"),
     }
     if sync is not None and main.wall_s > 0:
         out["speedup_vs_sync"] = round(sync.wall_s / main.wall_s, 3)

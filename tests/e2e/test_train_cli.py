@@ -44,6 +44,8 @@ def test_loom_train_tiny_runs_every_part(tmp_path: Path) -> None:
     lo, hi = summary["reward_gain_ci95"]
     assert lo <= summary["reward_gain"] <= hi
     assert summary["wall_s"] > 0 and summary["sync_wall_s"] > 0
+    # Each update loaded the checkpoint while the engine generated (the fetch) and held it only to switch.
+    assert summary["update_fetch_s"] > 0 and summary["update_pause_s"] >= 0
     report = json.loads((out / "train.json").read_text())
     modes = {m["async_bound"]: m for m in report["modes"]}
     assert set(modes) == {0, 1}
