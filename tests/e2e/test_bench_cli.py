@@ -181,4 +181,6 @@ def test_bench_affinity_compares_three_rollout_configurations(tmp_path: Path) ->
     assert (tmp_path / "report.md").read_text().count("| qwen3-8b |") == 6 + 2
     # Loom's own mapping from the engine model, with its reasons.
     chosen = out["chosen_affinity"]["qwen3-8b"]
-    assert chosen["affinity"]["coding"] == "h800" and chosen["why"][0].startswith("coding sets the step's tail")
+    assert chosen["affinity"]["coding"] == "h800" and chosen["why"][0].startswith(
+        "coding sets the step's tail"
+    )
