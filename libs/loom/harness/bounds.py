@@ -16,24 +16,34 @@ from dataclasses import dataclass
 
 from loom.engine.perf import PerfModel
 from loom.harness.cluster import Cluster
-from loom.workloads.base import Workload
+from loom.workloads.base import Workload, WorkTraj
+
+
+class Alone:
+    """A trajectory alone on one engine of ``perf``: its calls' prefills and decodes (``engine``), and with its
+    tool time (``__call__``), no queueing, no interference. Memoised by calls: the samples of a group
+    replay one recorded run and differ only in their tool times."""
+
+    def __init__(self, perf: PerfModel) -> None:
+        self.perf = perf
+        self._engine: dict[tuple[tuple[int, int], ...], float] = {}
+
+    def engine(self, t: WorkTraj) -> float:
+        s = self._engine.get(t.calls)
+        if s is None:
+            s = self._engine[t.calls] = _engine_time(self.perf, t.calls)
+        return s
+
+    def __call__(self, t: WorkTraj) -> float:
+        return self.engine(t) + t.tool_s
 
 
 def critical_path(workload: Workload, cluster: Cluster) -> float:
-    best = 0.0
-    perfs = [PerfModel(cluster.gpu, cluster.model, d) for d in cluster.degrees_that_fit()]
-    # The samples of a group replay one recorded run and differ only in their tool times.
-    engine_s: dict[tuple[tuple[int, int], ...], float] = {}
-    for t in workload.trajectories:
-        calls = tuple((s.input_len, s.output_len) for s in t.steps)
-        if calls not in engine_s:
-            engine_s[calls] = min(engine_time(perf, calls) for perf in perfs)
-        # The trajectory ends with its last call: what its environment does after that is scoring.
-        best = max(best, engine_s[calls] + sum(s.env_s for s in t.steps[:-1]))
-    return best
+    alone = [Alone(PerfModel(cluster.gpu, cluster.model, d)) for d in cluster.degrees_that_fit()]
+    return max((min(a(t) for a in alone) for t in workload.trajectories), default=0.0)
 
 
-def engine_time(perf: PerfModel, calls: tuple[tuple[int, int], ...]) -> float:
+def _engine_time(perf: PerfModel, calls: tuple[tuple[int, int], ...]) -> float:
     """A trajectory's calls ``(input_len, output_len)`` alone on one engine: its prefills and decodes."""
     time, context = 0.0, 0
     for input_len, output_len in calls:

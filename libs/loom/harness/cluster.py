@@ -55,10 +55,10 @@ class Cluster:
         )
 
 
-def tool_time(cluster: Cluster, predicted: Sequence[float]) -> list[float]:
-    """Each trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
+def tool_time(cluster: Cluster, predicted: float) -> float:
+    """A trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
     tokens) at the cluster's tool time per call."""
-    return [p / cluster.step_tokens * cluster.tool_s for p in predicted]
+    return predicted / cluster.step_tokens * cluster.tool_s
 
 
 def allocate(
@@ -83,7 +83,7 @@ def allocate(
             profiles,
             weights=weights,
             prefill=prefill,
-            tool=tool_time(cluster, predicted) if tool is None else tool,
+            tool=[tool_time(cluster, p) for p in predicted] if tool is None else tool,
         )
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)

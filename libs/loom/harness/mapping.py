@@ -4,7 +4,7 @@ multi-task job should run on, chosen from the engine model.
 Two facts about a task on a GPU type decide it, both from the calibrated performance model:
 
 - its tail floor: its slowest trajectory alone on one engine of that type (prefills, decodes and tools;
-  ``bounds.engine_time``). A synchronous step can end no sooner than the slowest floor of its tasks.
+  ``bounds.Alone``). A synchronous step can end no sooner than the slowest floor of its tasks.
 - its cost: its trajectories' engine time summed at batch 1, times the engine's GPUs and their price
   (RollArt Table 2: an H800 costs 2.85 H20). Decoding is memory-bound at the batch sizes agents run, so
   this ranks the types by what a token of that task costs.
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from loom.engine.perf import PerfModel
-from loom.harness.bounds import engine_time
+from loom.harness.bounds import Alone
 from loom.workloads.base import WorkTraj
 
 # RollArt Table 2, relative price per GPU.
@@ -50,7 +50,7 @@ def choose_affinity(trajectories: Iterable[WorkTraj], model: str, pools: Mapping
     missing = [g for g in pools if g not in PRICE]
     if missing:
         raise ValueError(f"no price for GPU types {missing}; known: {sorted(PRICE)}")
-    perfs = {g: PerfModel(g, model, tp) for g, tp in pools.items()}
+    alone = {g: Alone(PerfModel(g, model, tp)) for g, tp in pools.items()}
     by_task: dict[str, list[WorkTraj]] = {}
     for t in trajectories:
         by_task.setdefault(t.task, []).append(t)
@@ -59,15 +59,9 @@ def choose_affinity(trajectories: Iterable[WorkTraj], model: str, pools: Mapping
     table: dict[str, dict[str, TaskOnGpu]] = {}
     for task, trajs in by_task.items():
         table[task] = {}
-        for g, perf in perfs.items():
-            alone: dict[tuple[tuple[int, int], ...], float] = {}
-            floor = cost = 0.0
-            for t in trajs:
-                calls = tuple((s.input_len, s.output_len) for s in t.steps)
-                if calls not in alone:
-                    alone[calls] = engine_time(perf, calls)
-                floor = max(floor, alone[calls] + sum(s.env_s for s in t.steps[:-1]))
-                cost += alone[calls] * pools[g] * PRICE[g]
+        for g, a in alone.items():
+            floor = max(a(t) for t in trajs)
+            cost = sum(a.engine(t) for t in trajs) * pools[g] * PRICE[g]
             table[task][g] = TaskOnGpu(floor, cost)
     critical = max(table, key=lambda k: min(v.floor_s for v in table[k].values()))
     home = min(table[critical], key=lambda g: table[critical][g].floor_s)

@@ -79,8 +79,8 @@ class _Predictor:
         """Seconds the trajectory will spend in tools: known to the oracle (every call but the last, whose
         environment step is scoring); otherwise its predicted calls at the cluster's time per call."""
         if self.kind == "oracle":
-            return sum(s.env_s for s in t.steps[:-1])
-        return tool_time(cluster, [total])[0]
+            return t.tool_s
+        return tool_time(cluster, total)
 
     def finished(self, t: WorkTraj) -> None:
         self.history_context.setdefault(t.prompt, []).append(mean_context(t))
@@ -380,5 +380,5 @@ def _formula1(
         "queueing_s": round(queue_s, 1),
         "base_s": round(base, 1),
         "interference_s": round(max(0.0, engine_s - base), 1),
-        "tool_s": round(sum(st.env_s for st in t.steps[:-1]), 1),
+        "tool_s": round(t.tool_s, 1),
     }

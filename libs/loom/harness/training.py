@@ -39,7 +39,7 @@ from loom.engine.perf import PerfModel, gpu_spec, model_config
 from loom.engine.sim_core import build_core
 from loom.engine.train_perf import TrainStage, weight_sync_s
 from loom.engine.virtual import VirtualSim
-from loom.harness.bounds import engine_time
+from loom.harness.bounds import Alone
 from loom.policies.affinity import eligible
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.predict.history import HistoryPredictor
@@ -174,24 +174,22 @@ def run_training(
         raise ValueError(f"{len(data)} groups in the workload, fewer than a batch of {batch_groups}")
     sim = VirtualSim()
     engines: list[int] = []
-    link_of: list[str] = []
-    gpu_of: list[str] = []
-    pool_of: list[int] = []
+    pool_of: list[int] = []  # per engine
     for i, p in enumerate(pools):
         for _ in range(p.gpus // p.tp):
             engines.append(sim.add_engine(build_core(model, p.gpu, p.tp, max_running=max_running)))
-            link_of.append(p.link)
-            gpu_of.append(p.gpu)
             pool_of.append(i)
-    perfs = [PerfModel(p.gpu, model, p.tp) for p in pools]
+    alone = [Alone(PerfModel(p.gpu, model, p.tp)) for p in pools]
+    gpu_of = [pools[i].gpu for i in pool_of]
     where = {
         tag: np.array(eligible(gpu_of, affinity, tag)) for tag in {t.task for t in workload.trajectories}
     }
     if not engines:
         raise ValueError("no rollout engines")
-    far = [e for e, link in zip(engines, link_of, strict=True) if mode.async_update and link == "tcp"]
-    near = [e for e in engines if e not in frozenset(far)]
-    pause_s = max((weight_sync_s(model, link_of[e]) for e in near), default=0.0)
+    far_pool = [mode.async_update and p.link == "tcp" for p in pools]
+    far = [e for e, i in zip(engines, pool_of, strict=True) if far_pool[i]]
+    near = [e for e, i in zip(engines, pool_of, strict=True) if not far_pool[i]]
+    pause_s = max((weight_sync_s(model, pools[pool_of[e]].link) for e in near), default=0.0)
     fetch_s = weight_sync_s(model, "tcp")
     load_s = max((local_load_s(model, p) for p in pools if p.link == "tcp"), default=0.0)
     # What the update holds up: the near pools' pause, or with none, the far pools' fetch where bound 0
@@ -213,14 +211,6 @@ def run_training(
     waiting_since = 0.0
     ends: list[float] = []
     per_step: list[dict[str, float]] = []
-
-    @functools.cache
-    def engine_s(pool: int, calls: tuple[tuple[int, int], ...]) -> float:
-        return engine_time(perfs[pool], calls)
-
-    def alone(pool: int, t: WorkTraj) -> float:
-        calls = tuple((st.input_len, st.output_len) for st in t.steps)
-        return engine_s(pool, calls) + sum(st.env_s for st in t.steps[:-1])
 
     def refill() -> None:
         nonlocal next_pos
@@ -322,7 +312,7 @@ def run_training(
                 "staleness_max": float(max(version - g.start_version for g in batch)),
                 "trajectories": float(len(contexts)),
                 "floor_s": max(
-                    alone(pool_of[g.engine[j]], t) for g in batch for j, t in enumerate(g.members)
+                    alone[pool_of[g.engine[j]]](t) for g in batch for j, t in enumerate(g.members)
                 ),
             }
         )

@@ -153,12 +153,8 @@ def presorted_dp(
         raise ValueError(f"{len(wts)} weights for {len(lens)} trajectories")
     if np.any(wts <= 0) or not np.all(np.isfinite(wts)):
         raise ValueError("weights must be finite and positive")
-    pre = np.zeros(len(lens)) if prefill is None else np.asarray(prefill, dtype=np.float64)
-    if pre.shape != lens.shape or np.any(pre < 0) or not np.all(np.isfinite(pre)):
-        raise ValueError(f"prefill needs {len(lens)} finite non-negative token counts")
-    tl = np.zeros(len(lens)) if tool is None else np.asarray(tool, dtype=np.float64)
-    if tl.shape != lens.shape or np.any(tl < 0) or not np.all(np.isfinite(tl)):
-        raise ValueError(f"tool needs {len(lens)} finite non-negative durations")
+    pre = _per_trajectory(prefill, len(lens), "prefill needs {n} finite non-negative token counts")
+    tl = _per_trajectory(tool, len(lens), "tool needs {n} finite non-negative durations")
     order = np.argsort(-lens, kind="stable")
     sorted_lens = lens[order]
     wsort = sorted(range(m), key=lambda w: workers[w].per_token_s)
@@ -204,6 +200,16 @@ def presorted_dp(
         makespan=max(times) if times else 0.0,
         group_order=wsort,
     )
+
+
+def _per_trajectory(
+    values: Sequence[float] | NDArray[np.float64] | None, n: int, error: str
+) -> NDArray[np.float64]:
+    """One finite non-negative figure per trajectory (zeros if none given); ``error`` says what when not."""
+    out = np.zeros(n) if values is None else np.asarray(values, dtype=np.float64)
+    if out.shape != (n,) or np.any(out < 0) or not np.all(np.isfinite(out)):
+        raise ValueError(error.format(n=n))
+    return out
 
 
 def _aggregate(n: int, max_items: int | None) -> NDArray[np.int64]:
@@ -376,9 +382,9 @@ def _solve_parametric(
     # The longest alone on the fastest, with its tools.
     lo = float(heads[0] * min(speeds) * min(t[1] for t in tables) + tails[0])
     if len({id(ck) for ck in cks}) == 1 and all(r > 0 for r in rates):
-        # Every worker counts work in the same units: together they clear at most the sum of their rates.
+        # Every worker counts work in the same units: together they clear at most the sum of their rates
+        # (tools only add to a group's time, so the bound without them holds).
         lo = max(lo, float(cks[0][-1]) / sum(1.0 / (s * r) for s, r in zip(speeds, rates, strict=True)))
-        # (Tools only add to a group's time: the bound without them holds.)
     # Everything on the fastest worker: the partition a target of infinity fills, priced without a fill.
     best = np.array([0] + [n] * m, dtype=np.int64)
     hi = _time(workers[0], heads[0], float(cws[0][-1]), float(cks[0][-1])) + float(tails[0])

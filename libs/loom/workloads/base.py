@@ -44,6 +44,16 @@ class WorkTraj:
     def output_tokens(self) -> int:
         return sum(s.output_len for s in self.steps)
 
+    @functools.cached_property
+    def calls(self) -> tuple[tuple[int, int], ...]:
+        """Each LLM call's ``(input_len, output_len)``: what an engine sees of the trajectory."""
+        return tuple((s.input_len, s.output_len) for s in self.steps)
+
+    @functools.cached_property
+    def tool_s(self) -> float:
+        """Seconds in the environment between its calls: the step after the last call only scores it."""
+        return sum(s.env_s for s in self.steps[:-1])
+
     @property
     def final_context(self) -> int:
         """Tokens of the whole trajectory as one sequence (what a trainer trains on)."""
