@@ -21,6 +21,8 @@ class TraceStep:
     action: str
     observation: str
     created: int
+    # What answered the call: "tool" or "user" (a simulated user) where the trace set says; "" after the last.
+    env: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class Trace:
     @property
     def total_completion_tokens(self) -> int:
         return sum(s.completion_tokens for s in self.steps)
+
+
+def prompt_of(trace: Trace) -> str:
+    """The prompt a trajectory answered: trials of one prompt share the id up to ``#trial``."""
+    return trace.id.split("#", 1)[0]
 
 
 def default_swe_path() -> Path:

@@ -58,6 +58,11 @@ def test_bench_rollout_rejects_an_unknown_policy() -> None:
 def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     out = _bench("rollout", "--quick")
+    assert out["predictor"] == "learned" and out["siblings"] == "varied"
+    for k in ("step0", "step2"):  # the learned model's quality, with intervals
+        for m in ("recall", "pearson"):
+            low, high = out["prediction"][k][m]["ci95"]
+            assert low <= out["prediction"][k][m]["estimate"] <= high
     assert set(out["policies"]) == {"heddle", "verl", "verl_star", "slime"}
     assert set(out["throughput_ratio"]) == {"verl", "verl_star", "slime"}
     for r in out["policies"].values():
@@ -97,11 +102,17 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
         "scheduling": {"fcfs", "rr", "autellix", "pps"},
         "placement": {"least_load", "cache_aware", "loom"},
         "resources": {"fixed_1", "fixed_8", "adaptive"},
-        "prediction": {"none", "history", "oracle"},
+        "prediction": {"none", "history", "oracle", "learned"},
     }
     for exp, variants in want.items():
         for runs in out[exp].values():
             assert set(runs) == variants and all(r["throughput_tok_s"] > 0 for r in runs.values())
+    assert out["predictor"] == "learned" and set(out["learned_keeps_of_oracle_gain"]) == set(out["overall"])
+    for by_model in out["overall"].values():
+        for cell in by_model.values():  # Loom on exact lengths beside Loom with its learned predictor
+            assert cell["oracle"]["throughput_tok_s"] > 0 and set(cell["oracle"]["speedup"]) == set(
+                cell["speedup"]
+            )
     assert set(out["target"]["met"]) == {"vs_slime", "vs_best_baseline", "makespan_over_lb"}
     assert set(out["target"]["makespan_breakdown"]) == {"queueing_s", "base_s", "interference_s", "tool_s"}
     report = (tmp_path / "report.md").read_text()

@@ -48,7 +48,7 @@ def test_mfu_is_calibrated_to_rollart_figure3() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     from loom.workloads import coding
 
-    w = coding(prompts=128, group_size=1)
+    w = coding(prompts=128, group_size=1, siblings="replay")  # the recorded runs
     contexts = [dataclasses.replace(t, steps=cap_context(t.steps)).final_context for t in w.trajectories]
     assert len(contexts) == 128
     assert train_perf.calibrate_mfu(contexts) == pytest.approx(train_perf.MFU, rel=0.01)

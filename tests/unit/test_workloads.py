@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 
 import pytest
 
 from loom.tokenizer import count_tokens, qwen_tokenizer
+from loom.trace_sets import parse_runs
+from loom.traces import TraceStep, load_traces
 from loom.workloads import coding, search, tool_use
 from loom.workloads.base import MAX_OUTPUT, WorkStep, cap_output
-from loom.workloads.search import parse_runs
+from loom.workloads.siblings import SIGMA_CALLS, SIGMA_PER_CALL, vary, within_group_sigmas
 from tests.conftest import need_shared
 
 
@@ -22,15 +25,49 @@ def test_qwen_tokenizer_matches_qwen_ids() -> None:
 
 def test_coding_groups_replay_one_run_with_their_own_tool_times() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
-    w = coding(prompts=3, group_size=4, seed=1)
+    w = coding(prompts=3, group_size=4, seed=1, siblings="replay")
     assert w.groups == 3 and len(w.trajectories) == 12
     g = [t for t in w.trajectories if t.prompt == w.trajectories[0].prompt]
     assert len({t.output_tokens for t in g}) == 1  # the same recorded run
     assert len({t.steps[0].env_s for t in g}) == 4  # different tool draws
-    assert coding(prompts=3, group_size=4, seed=1).trajectories == w.trajectories  # deterministic
-    full = coding(group_size=1)
+    assert coding(prompts=3, group_size=4, seed=1, siblings="replay").trajectories == w.trajectories
+    full = coding(group_size=1, siblings="replay")
     assert statistics.median(t.output_tokens for t in full.trajectories) == 9613  # data/README.md: 9.6k
     assert max(t.output_tokens for t in full.trajectories) == MAX_OUTPUT
+
+
+def test_coding_siblings_differ_as_multi_trial_traces_do() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    tau = within_group_sigmas(tool_use())
+    # The model's constants are what the multi-trial traces measure.
+    assert tau == {"calls": SIGMA_CALLS, "per_call": SIGMA_PER_CALL, "total": pytest.approx(0.458)}
+    w = coding()
+    assert w == coding()  # deterministic
+    got = within_group_sigmas(w)
+    assert got["calls"] == pytest.approx(SIGMA_CALLS, abs=0.02)
+    assert got["total"] == pytest.approx(tau["total"], abs=0.03)
+    replayed = coding(siblings="replay")
+    mean = statistics.fmean(t.output_tokens for t in w.trajectories)
+    assert mean == pytest.approx(statistics.fmean(t.output_tokens for t in replayed.trajectories), rel=0.03)
+    traces = load_traces()
+    for t in w.trajectories[:64]:
+        recorded = traces[t.trace].steps
+        assert len(t.origin) == len(t.steps) and t.origin[-1] <= len(recorded) - 1
+        assert all(a.input_len < b.input_len for a, b in itertools.pairwise(t.steps))
+        assert t.steps[0].input_len == recorded[0].prompt_tokens
+
+
+def test_a_sibling_keeps_the_final_call_and_grows_its_context_by_its_own_output() -> None:
+    steps = [TraceStep(100 * (k + 1) + 10 * k, 10, f"a{k}", f"o{k}", 0) for k in range(10)]
+    rng = random.Random(0)
+    for _ in range(200):
+        calls = vary(steps, rng)
+        origin = [i for i, _, _ in calls]
+        assert origin[-1] == 9 and (origin[0] == 0 or origin == [9])
+        assert sorted(origin) == origin  # replays keep the run's order
+        for (_, ctx, out), (_, nxt, _) in itertools.pairwise(calls):
+            assert nxt == ctx + out + 100  # each recorded observation is 100 tokens
 
 
 def test_search_groups_are_real_trials_of_one_question() -> None:

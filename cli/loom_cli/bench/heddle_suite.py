@@ -10,9 +10,11 @@
 - prediction (Figure 13's effect on the rollout): no prediction, per-prompt history, oracle lengths.
 
 Ablations run Qwen3-14B, as the paper's do. The batch is the paper's: 100 trajectories per baseline
-worker (6,400 for 8B and 14B, 3,200 for 32B), or as many as the traces hold (search 1,600, tool use 640). Loom's overall cells use the oracle predictor (the trace's own
-lengths): the progressive predictor is a separate service and the prediction ablation shows what weaker
-predictions cost. Every cell is one rollout of the workload from the recorded traces (GRPO groups of 16).
+worker (6,400 for 8B and 14B, 3,200 for 32B), or as many as the traces hold (search 1,600, tool use 640).
+Every Loom cell runs Loom's learned predictor, cross-fitted by prompt (``loom.harness.learned``), with Loom on
+exact lengths beside it in the overall cells (an idealisation); the prediction ablation gives the share of
+the oracle's gain over no prediction that the learned model keeps. Every cell is one rollout of the
+workload from the recorded traces (GRPO groups of 16; coding's samples vary the recorded run).
 ``--quick`` runs the same grid on 8 GPUs with a handful of prompts per workload. Cells run in parallel
 processes; plots and a Markdown report go to ``--out``.
 """
@@ -32,11 +34,12 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.harness.cluster import BASELINE_MP, Cluster
+from loom.harness.learned import cross_fitted
 from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.rollout import TOOL_S
+from loom_cli.bench.rollout import TOOL_S, learned_budget
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -67,7 +70,10 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
         "adaptive": HEDDLE,
     },
 }
-PREDICTORS = {"none": "none", "history": "history", "oracle": "oracle"}
+# Loom's own (learned) last: the ablation plot normalises to the last variant.
+PREDICTORS = {"none": "none", "history": "history", "oracle": "oracle", "learned": "learned"}
+# Loom with exact lengths, beside Loom with its learned predictor in every overall cell: an idealisation.
+ORACLE = "heddle_oracle"
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Cell:
     model: str
     gpus: int
     policy: tuple[tuple[str, Any], ...]  # the PolicySpec fields, hashable
-    predictor: str = "oracle"
+    predictor: str = "learned"
 
     def spec(self) -> dict[str, Any]:
         return dict(self.policy)
@@ -91,7 +97,7 @@ class Plan:
     cells: list[Cell] = field(default_factory=list)
 
     def cell(
-        self, workload: str, model: str, gpus: int, policy: dict[str, Any], predictor: str = "oracle"
+        self, workload: str, model: str, gpus: int, policy: dict[str, Any], predictor: str = "learned"
     ) -> Cell:
         c = Cell(workload, model, gpus, tuple(sorted(policy.items())), predictor)
         if c not in self.cells:
@@ -105,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     p.add_argument("--out", default="bench-out/heddle-suite", help="where plots and report.md go")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--predictor-minutes",
+        type=float,
+        default=None,
+        help="training budget per fold of the learned predictor",
+    )
 
 
 def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None:
@@ -116,13 +128,15 @@ def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None
     return max(1, BATCH_PER_WORKER * workers // GROUP)
 
 
-def _run_cell(args: tuple[Cell, int | None, int, bool]) -> dict[str, Any]:
-    cell, prompts, seed, timelines = args
+def _run_cell(args: tuple[Cell, int | None, int, bool, dict[str, Any] | None]) -> dict[str, Any]:
+    cell, prompts, seed, timelines, learned = args
     gpus = cell.gpus
     workload = WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed)
     cluster = Cluster(gpus=gpus, model=cell.model, tool_s=TOOL_S[cell.workload])
     policy = PolicySpec(**cell.spec()).resolved()
-    r = run_rollout(workload, policy, cluster, cell.predictor, seed, gantt_workers=4 if timelines else 0)
+    r = run_rollout(
+        workload, policy, cluster, cell.predictor, seed, gantt_workers=4 if timelines else 0, learned=learned
+    )
     out = r.summary()
     out["trajectories"] = len(workload.trajectories)
     if timelines:
@@ -149,7 +163,13 @@ def build_plan(quick: bool, gpus: int | None, seed: int) -> tuple[Plan, dict[str
         "prediction": {},
     }
     for w in WORKLOAD_NAMES:
-        layout["overall"][w] = {m: {s: plan.cell(w, m, g, {"preset": s}) for s in SYSTEMS} for m in MODELS}
+        layout["overall"][w] = {
+            m: {
+                **{s: plan.cell(w, m, g, {"preset": s}) for s in SYSTEMS},
+                ORACLE: plan.cell(w, m, g, HEDDLE, "oracle"),
+            }
+            for m in MODELS
+        }
         for exp, variants in ABLATIONS.items():
             layout[exp][w] = {v: plan.cell(w, ABLATION_MODEL, ag, spec) for v, spec in variants.items()}
         layout["prediction"][w] = {
@@ -162,11 +182,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
     plan, layout = build_plan(args.quick, args.gpus, args.seed)
     # Timelines (active trajectories, Gantt) are kept for the cells the plots draw.
-    drawn = {c for w in WORKLOAD_NAMES for c in layout["overall"][w][ABLATION_MODEL].values()}
+    drawn = {
+        c for w in WORKLOAD_NAMES for s, c in layout["overall"][w][ABLATION_MODEL].items() if s != ORACLE
+    }
     drawn |= set(layout["resources"]["search"].values())
     jobs = args.jobs or max(1, min(len(plan.cells), os.cpu_count() or 1))
+    prompts = {c: prompts_for(c.workload, c.model, c.gpus, plan.quick) for c in plan.cells}
+    learned = _learned(plan, prompts, args.predictor_minutes)
     work = [
-        (c, prompts_for(c.workload, c.model, c.gpus, plan.quick), plan.seed, c in drawn) for c in plan.cells
+        (c, prompts[c], plan.seed, c in drawn, _subset(learned[c.workload], c, prompts[c], plan.seed))
+        for c in plan.cells
     ]
     # The longest cells first, so that the pool's last minutes are not one straggler.
     order = sorted(range(len(work)), key=lambda i: (work[i][0].workload != "coding", -work[i][0].gpus, i))
@@ -187,6 +212,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None) -> dict[str, dict[str, Any]]:
+    """The learned predictor's cross-fitted predictions for each workload's largest batch in the plan (every
+    cell's batch is a prefix of it)."""
+    budget = learned_budget(plan.quick, minutes, plan.seed)
+    out = {}
+    for w in WORKLOAD_NAMES:
+        sizes = [prompts[c] for c in plan.cells if c.workload == w]
+        most = None if None in sizes else max(s for s in sizes if s is not None)
+        out[w] = cross_fitted(WORKLOADS[w](prompts=most, group_size=GROUP, seed=plan.seed), budget)
+    return out
+
+
+def _subset(learned: dict[str, Any], cell: Cell, prompts: int | None, seed: int) -> dict[str, Any] | None:
+    if cell.predictor != "learned":
+        return None
+    ids = (t.id for t in WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed).trajectories)
+    return {i: learned[i] for i in ids}
+
+
 def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, Any]]) -> dict[str, Any]:
     def slim(r: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in r.items() if k != "timeline"}
@@ -196,6 +240,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         overall[w] = {}
         for m, cells in by_model.items():
             runs = {s: slim(results[c]) for s, c in cells.items()}
+            oracle = runs.pop(ORACLE)
             loom = runs["heddle"]["throughput_tok_s"]
             ratios = {s: round(loom / r["throughput_tok_s"], 3) for s, r in runs.items() if s != "heddle"}
             overall[w][m] = {
@@ -203,6 +248,15 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
                 "speedup": ratios,
                 "vs_best_baseline": min(ratios.values()),
                 "makespan_over_lb": runs["heddle"]["makespan_over_lb"],
+                "oracle": {
+                    "throughput_tok_s": oracle["throughput_tok_s"],
+                    "makespan_over_lb": oracle["makespan_over_lb"],
+                    "speedup": {
+                        s: round(oracle["throughput_tok_s"] / r["throughput_tok_s"], 3)
+                        for s, r in runs.items()
+                        if s != "heddle"
+                    },
+                },
             }
     ablations: dict[str, Any] = {}
     for exp in ("scheduling", "placement", "resources", "prediction"):
@@ -218,6 +272,12 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
                 }
                 for v, r in runs.items()
             }
+    # The share of the oracle's gain over no prediction that the learned predictor keeps, per workload.
+    kept = {}
+    for w, runs in ablations["prediction"].items():
+        none, oracle = runs["none"]["throughput_tok_s"], runs["oracle"]["throughput_tok_s"]
+        gain = oracle - none
+        kept[w] = round((runs["learned"]["throughput_tok_s"] - none) / gain, 3) if gain > 0 else None
     cell = overall["coding"][ABLATION_MODEL]
     target = {
         "cell": f"coding, {ABLATION_MODEL}, {plan.gpus} GPUs",
@@ -237,7 +297,9 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "gpus": plan.gpus,
         "ablation_gpus": plan.ablation_gpus,
         "cells": len(results),
+        "predictor": "learned",
         "target": target,
+        "learned_keeps_of_oracle_gain": kept,
         "overall": overall,
         **ablations,
     }

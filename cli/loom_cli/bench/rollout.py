@@ -17,15 +17,20 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.harness.cluster import Cluster
+from loom.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, cross_fitted
 from loom.harness.rollout import PREDICTORS, run_rollout
+from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
-from loom.workloads import WORKLOADS
+from loom.workloads import WORKLOADS, Workload
+from loom.workloads.coding import SIBLINGS
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
 from loom_cli.bench.registry import Benchmark
 
 BASELINES = ("verl", "verl_star", "slime")
 GROUP = {"coding": 16, "search": 5, "tool_use": 4}
+# A small version of the cross-fitting for --quick: two folds, fifteen seconds of training each.
+QUICK_BUDGET = Budget(minutes_per_fold=0.25, folds=2)
 # Mean environment time per call: the workloads' own tool models (tool use mixes fast API calls with
 # simulated-user turns, about 0.3 s on average).
 TOOL_S = {"coding": CODING_TOOL_S, "search": SEARCH_TOOL_S, "tool_use": 0.3}
@@ -38,7 +43,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=64)
     p.add_argument("--policy", default="heddle", help="a preset name or a policy as JSON")
     p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated presets ('' for none)")
-    p.add_argument("--predictor", choices=PREDICTORS, default="oracle")
+    p.add_argument(
+        "--predictor",
+        choices=PREDICTORS,
+        default="learned",
+        help="Loom's learned model, cross-fitted by prompt (default); oracle, history, none: ablations",
+    )
+    p.add_argument(
+        "--predictor-minutes",
+        type=float,
+        default=None,
+        help=f"training budget per fold of the learned predictor (default {MINUTES_PER_FOLD:g}; quick "
+        f"{QUICK_BUDGET.minutes_per_fold:g} with {QUICK_BUDGET.folds} folds); cached under $LOOM_HOME",
+    )
+    p.add_argument(
+        "--siblings",
+        choices=SIBLINGS,
+        default="varied",
+        help="coding: samples of a group vary the recorded run (default) or replay it exactly",
+    )
     p.add_argument("--prompts", type=int, default=None, help="prompts to take from the traces (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traces", default=None, help="a trace file of the workload's schema")
@@ -58,9 +81,12 @@ def _policy(text: str) -> PolicySpec:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = args.prompts if args.prompts is not None else (12 if args.quick else None)
     gpus = min(args.gpus, 8) if args.quick else args.gpus
-    workload = WORKLOADS[args.workload](
-        prompts=prompts, group_size=GROUP[args.workload], seed=args.seed, path=args.traces
+    workload = load_workload(
+        args.workload, prompts, GROUP[args.workload], args.seed, args.traces, args.siblings
     )
+    learned = None
+    if args.predictor == "learned":
+        learned = cross_fitted(workload, learned_budget(args.quick, args.predictor_minutes, args.seed))
     cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=TOOL_S[args.workload])
     name = args.policy
     runs = {name: _policy(name)}
@@ -68,7 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs.setdefault(b, _policy(b))
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
-        r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed)
+        r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed, learned=learned)
         ts, rate = r.throughput_over_time(20)
         # Utilisation over time: the cluster's generation rate in 20 windows, over its peak window.
         peak = max(rate, default=0.0) or 1.0
@@ -85,6 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trajectories": len(workload.trajectories),
         "policy": name,
         "predictor": args.predictor,
+        "siblings": args.siblings if args.workload == "coding" else "recorded trials",
+        **({"prediction": prediction_quality(workload, learned)} if learned is not None else {}),
         **top,
         "throughput_ratio": {
             b: round(top["throughput_tok_s"] / r["throughput_tok_s"], 3)
@@ -94,6 +122,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policies": results,
     }
     _print(out)
+    return out
+
+
+def load_workload(
+    name: str, prompts: int | None, group: int, seed: int, traces: str | None = None, siblings: str = "varied"
+) -> Workload:
+    extra = {"siblings": siblings} if name == "coding" else {}
+    return WORKLOADS[name](prompts=prompts, group_size=group, seed=seed, path=traces, **extra)
+
+
+def learned_budget(quick: bool, minutes: float | None, seed: int) -> Budget:
+    base = QUICK_BUDGET if quick else Budget(MINUTES_PER_FOLD, FOLDS)
+    return Budget(minutes if minutes is not None else base.minutes_per_fold, base.folds, seed)
+
+
+def prediction_quality(workload: Workload, learned: dict[str, Any]) -> dict[str, Any]:
+    """The learned predictor's recall of the top 10% and Pearson's r against the true totals, at admission
+    (step 0) and after two calls (step 2, over the trajectories that make two calls), with 95% intervals."""
+    out: dict[str, Any] = {}
+    for k in (0, 2):
+        trajs = [t for t in workload.trajectories if len(t.steps) > k]
+        if len(trajs) < 10:
+            continue
+        actual = [float(t.output_tokens) for t in trajs]
+        predicted = [float(learned[t.id][k]) for t in trajs]
+        out[f"step{k}"] = {
+            name: {
+                "estimate": round(iv.estimate, 3),
+                "ci95": [round(iv.low, 3), round(iv.high, 3)],
+            }
+            for name, metric in (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson))
+            for iv in [evaluate.bootstrap(metric, actual, predicted, samples=500)]
+        }
     return out
 
 

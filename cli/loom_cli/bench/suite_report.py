@@ -156,9 +156,12 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "",
         "## Overall (Heddle Figure 12)",
         "",
+        f"Loom runs its learned predictor ({out.get('predictor', 'learned')}, cross-fitted by prompt); the last "
+        "three columns are Loom on exact lengths (an oracle: an idealisation, not a result).",
+        "",
         "| workload | model | Loom tok/s | verl tok/s | verl* tok/s | slime tok/s | x verl | x verl* | x slime "
-        "| Loom makespan/LB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Loom makespan/LB | oracle tok/s | oracle x slime | oracle makespan/LB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w, by_model in out["overall"].items():
         for m, r in by_model.items():
@@ -167,7 +170,9 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
             lines.append(
                 f"| {w} | {m} | {s['heddle']['throughput_tok_s']:,.0f} | {s['verl']['throughput_tok_s']:,.0f} "
                 f"| {s['verl_star']['throughput_tok_s']:,.0f} | {s['slime']['throughput_tok_s']:,.0f} "
-                f"| {sp['verl']:.2f} | {sp['verl_star']:.2f} | {sp['slime']:.2f} | {r['makespan_over_lb']:.2f} |"
+                f"| {sp['verl']:.2f} | {sp['verl_star']:.2f} | {sp['slime']:.2f} | {r['makespan_over_lb']:.2f} "
+                f"| {r['oracle']['throughput_tok_s']:,.0f} | {r['oracle']['speedup']['slime']:.2f} "
+                f"| {r['oracle']['makespan_over_lb']:.2f} |"
             )
     lines += [
         "",
@@ -206,6 +211,12 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
             ]
             lines.append(f"| {w} | " + " | ".join(cells) + " |")
         lines.append("")
+        if exp == "prediction":
+            kept = ", ".join(f"{w} {v}" for w, v in out["learned_keeps_of_oracle_gain"].items())
+            lines += [
+                f"Share of the oracle's gain over no prediction that the learned model keeps: {kept}.",
+                "",
+            ]
     lines += [
         f"![ablations]({images['ablations']})",
         "",

@@ -30,7 +30,7 @@ from loom.engine.perf import GpuSpec, ModelConfig, gpu_spec, model_config
 PASSES = 4
 # RollArt Figure 3: 23% of 365.7 s.
 FIG3_TRAIN_S = 0.23 * 365.7
-# Fitted by ``calibrate_mfu`` on the coding workload's first 128 trajectories (see the module docstring).
+# Fitted by ``calibrate_mfu`` on the coding workload's first 128 recorded runs (see the module docstring).
 MFU = 0.093
 # RollArt Table 3: (GiB of weights, TCP s, RDMA s) for Qwen3-8B, 14B and 32B.
 TABLE3 = ((15.26, 6.911, 5.466), (27.51, 14.437, 5.817), (61.02, 29.649, 9.442))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,22 +33,30 @@ from loom.predict.history import HistoryPredictor
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkTraj
 
-PREDICTORS = ("oracle", "history", "none")
+# Loom's learned model (cross-fitted, ``loom.harness.learned``) first; the rest are ablations.
+PREDICTORS = ("learned", "oracle", "history", "none")
 
 
 class _Predictor:
-    """Total-length estimates: exact (oracle), per-prompt history, or none (no information: all equal)."""
+    """Total-length estimates: Loom's learned model, exact (oracle), per-prompt history, or none (no
+    information: all equal)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, learned: Mapping[str, np.ndarray] | None = None) -> None:
         if kind not in PREDICTORS:
             raise ValueError(f"unknown predictor {kind!r}; one of {PREDICTORS}")
+        if kind == "learned" and learned is None:
+            raise ValueError("the learned predictor needs its predictions (loom.harness.learned)")
         self.kind = kind
+        self.learned = learned or {}
         self.history = HistoryPredictor()
         self.history_context: dict[str, list[float]] = {}
 
-    def total(self, t: WorkTraj, generated: int) -> float:
+    def total(self, t: WorkTraj, generated: int, calls: int) -> float:
+        """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
         if self.kind == "oracle":
             return float(t.output_tokens)
+        if self.kind == "learned":
+            return float(self.learned[t.id][min(calls, len(t.steps) - 1)])
         if self.kind == "history":
             return self.history.predict_total(t.prompt, generated)
         return 1.0  # no information: every trajectory alike, so placement balances counts
@@ -89,7 +98,7 @@ class _Predictor:
     @property
     def discriminates(self) -> bool:
         """Whether its ranks among a group's samples mean anything (see the router's MIGRATING_METHODS)."""
-        return self.kind == "oracle"
+        return self.kind in ("oracle", "learned")
 
 
 def mean_context(t: WorkTraj) -> float:
@@ -170,18 +179,25 @@ def run_rollout(
     seed: int = 0,
     interaction: str = "trajectory",
     gantt_workers: int = 0,
+    learned: Mapping[str, np.ndarray] | None = None,
 ) -> RolloutResult:
     """``interaction``: each trajectory calls its environment as soon as its step is generated
     (trajectory level), or every turn waits for the whole batch to generate and then for every
     environment call to return (batch level, the synchronous agent loop RollArt compares against).
-    ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart."""
+    ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart.
+    ``learned``: the learned predictor's predictions (``loom.harness.learned.cross_fitted``), computed here
+    when it is chosen and none are given."""
     if interaction not in INTERACTIONS:
         raise ValueError(f"unknown interaction {interaction!r}; one of {INTERACTIONS}")
     wall0 = time.perf_counter()
     trajs = workload.trajectories
     n = len(trajs)
-    pred = _Predictor(predictor)
-    initial = [pred.total(t, 0) for t in trajs]
+    if predictor == "learned" and learned is None:
+        from loom.harness.learned import cross_fitted
+
+        learned = cross_fitted(workload)
+    pred = _Predictor(predictor, learned)
+    initial = [pred.total(t, 0, 0) for t in trajs]
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     steps = [st for t in trajs for st in t.steps]
     step_tokens = sum(st.output_len for st in steps) / max(1, len(steps))
@@ -240,6 +256,7 @@ def run_rollout(
 
     inflight = [0] * m
     generated = [0] * n
+    calls = [0] * n
     queued = [0.0] * n
     prefill_s = [0.0] * n
     decode_s = [0.0] * n
@@ -253,7 +270,7 @@ def run_rollout(
 
     def priority(i: int) -> float:
         if policy.order == "pps":
-            return pred.total(trajs[i], generated[i])  # Algorithm 1, line 3: the predicted length
+            return pred.total(trajs[i], generated[i], calls[i])  # Algorithm 1, line 3: the predicted length
         if policy.order == "fcfs":
             return -started[i]
         if plas is not None:
@@ -289,6 +306,7 @@ def run_rollout(
         nonlocal migrations, cached
         inflight[w] -= 1
         generated[i] += out.output_len
+        calls[i] += 1
         queued[i] += out.queue_s
         prefill_s[i] += out.prefill_s
         decode_s[i] += out.decode_s
@@ -305,7 +323,7 @@ def run_rollout(
                 routing.forget(str(i))
             return
         if planner is not None:
-            move = planner.update(str(i), pred.total(t, generated[i]))
+            move = planner.update(str(i), pred.total(t, generated[i], calls[i]))
             if move is not None:
                 dst = names.index(move.dst)
                 sim.migrate_prefix(engines[where[i]], engines[dst], str(i))

@@ -16,7 +16,7 @@ import numpy as np
 
 from loom.predict import context
 from loom.tokenizer import qwen_tokenizer
-from loom.traces import Trace
+from loom.traces import Trace, prompt_of
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -47,11 +47,6 @@ def split_of(task_id: str, seed: int = 0) -> Split:
     return "val" if u < TRAIN_FRACTION + VAL_FRACTION else "test"
 
 
-def task_of(trace: Trace) -> str:
-    """The prompt a trajectory answered. Trials of one SWE-bench instance share its id up to ``#trial``."""
-    return trace.id.split("#", 1)[0]
-
-
 def trajectory_examples(
     trace: Trace, steps: Iterable[int] | None = None, cache: dict[str, list[int]] | None = None
 ) -> list[Example]:
@@ -72,7 +67,7 @@ def trajectory_examples(
             ids = context.encode(tok, trace.task, context.step_pieces(actions, observations, k), cache)
             out.append(
                 Example(
-                    task_of(trace),
+                    prompt_of(trace),
                     trace.id,
                     k,
                     ids,
@@ -92,6 +87,6 @@ def build(
     cache: dict[str, list[int]] = {}
     out: dict[Split, list[Example]] = {s: [] for s in SPLITS}
     for t in traces:
-        out[split_of(task_of(t), seed)].extend(trajectory_examples(t, steps, cache))
+        out[split_of(prompt_of(t), seed)].extend(trajectory_examples(t, steps, cache))
         cache.clear()  # pieces never repeat across trajectories
     return out

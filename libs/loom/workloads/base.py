@@ -6,7 +6,10 @@ from __future__ import annotations
 import functools
 import math
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from loom.traces import Trace, TraceStep, prompt_of
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
@@ -39,6 +42,9 @@ class WorkTraj:
     steps: tuple[WorkStep, ...]
     reward: float | None = None
     task: str = ""  # the workload it came from, for multi-task batches and hardware affinity
+    trace: str = ""  # the recorded trajectory it replays (``loom.trace_sets``)
+    # The recorded step each step replays (a sibling drops or repeats some); empty: step k replays step k.
+    origin: tuple[int, ...] = ()
 
     @functools.cached_property
     def output_tokens(self) -> int:
@@ -69,6 +75,21 @@ class Workload:
     @property
     def groups(self) -> int:
         return len({t.prompt for t in self.trajectories})
+
+
+def group_traces(traces: Iterable[Trace]) -> dict[str, list[Trace]]:
+    """The recorded trials of each prompt, prompts and trials in file order."""
+    out: dict[str, list[Trace]] = {}
+    for t in traces:
+        out.setdefault(prompt_of(t), []).append(t)
+    return out
+
+
+def replay(id: str, prompt: str, sample: int, trace: Trace, env_s: Callable[[TraceStep], float]) -> WorkTraj:
+    """A sample that replays a recorded trajectory call for call, with its own environment times."""
+    steps = [WorkStep(st.prompt_tokens, st.completion_tokens, env_s(st)) for st in trace.steps]
+    reward = 1.0 if trace.resolved else 0.0
+    return WorkTraj(id, prompt, sample, cap_output(steps), reward, trace=trace.id)
 
 
 def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[WorkStep, ...]:

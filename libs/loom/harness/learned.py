@@ -1,0 +1,186 @@
+"""Loom's learned length predictor in the harness, cross-fitted by prompt.
+
+The prompts of all three trace sets (coding, search, tool use) are dealt into ``folds`` folds; fold f's model
+is the progressive regressor trained (``loom.predict.train``, as ``loom predictor train`` does) on the
+trajectories of every other fold and exported to ONNX, so every trajectory is predicted by a model that never
+saw its prompt. Each prediction is served as the predictor service serves it: the context the service would
+be sent after k calls (the prompt, the actions and observations so far, the step features), windowed and run
+by ONNX Runtime; the total is the tokens generated so far plus the predicted remainder.
+
+A sample that varies its recorded run (``WorkTraj.origin``) is read as the service would see it: its own
+sequence of recorded actions and observations, its own step count, tokens and context length.
+
+Models and predictions are cached under ``$LOOM_HOME/cache/learned``, keyed by everything they depend on
+(the trace files, the code that reads and trains, the budget, the folds, the seed and, for predictions, the
+workload's trajectories), so a benchmark pays for training once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loom import trace_sets
+from loom.predict import context
+from loom.traces import Trace, prompt_of
+from loom.workloads.base import Workload, WorkTraj
+
+FOLDS = 5
+MINUTES_PER_FOLD = 1.0
+# Share of each fold's training prompts held out to choose its epoch and its gates.
+VAL_SHARE = 0.125
+BATCH = 256
+
+
+def fold_of(prompt: str, folds: int, seed: int = 0) -> int:
+    return zlib.crc32(f"fold:{seed}:{prompt}".encode()) % folds
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LOOM_HOME", ".loom")) / "cache" / "learned"
+
+
+def _code_version() -> str:
+    """The source of everything a prediction depends on: a change to any of it is a different model."""
+    import loom.predict as predict
+    import loom.workloads.base as base
+
+    files = [Path(__file__), Path(trace_sets.__file__), Path(base.__file__)]
+    pkg = Path(predict.__file__).parent
+    files += [pkg / f"{m}.py" for m in ("context", "dataset", "regressor", "train", "export", "onnx_model")]
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Budget:
+    minutes_per_fold: float = MINUTES_PER_FOLD
+    folds: int = FOLDS
+    seed: int = 0
+
+    def key(self) -> str:
+        h = hashlib.sha1(_code_version().encode())
+        for name in trace_sets.SETS:
+            for t in trace_sets.trace_set(name):
+                h.update(f"{t.id}:{len(t.steps)}:{t.total_completion_tokens};".encode())
+        h.update(f"{self.minutes_per_fold}:{self.folds}:{self.seed}".encode())
+        return h.hexdigest()[:16]
+
+
+def _all_traces() -> dict[str, Trace]:
+    return {t.id: t for name in trace_sets.SETS for t in trace_sets.trace_set(name)}
+
+
+def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> list[Path]:
+    """One exported model per fold (cached): each trained on the prompts outside its fold."""
+    from loom.predict import dataset, train
+    from loom.predict.export import export
+
+    root = cache_root() / budget.key()
+    paths = [root / f"fold{f}" / "model.onnx" for f in range(budget.folds)]
+    if all(p.exists() for p in paths):
+        return paths
+    say = log or (lambda m: print(m, file=sys.stderr))
+    traces = list(_all_traces().values())
+    cache: dict[str, list[int]] = {}
+    examples = []
+    for t in traces:
+        examples.extend(dataset.trajectory_examples(t, cache=cache))
+        cache.clear()
+    for f, path in enumerate(paths):
+        if path.exists():
+            continue
+        t0 = time.monotonic()
+        rest = [e for e in examples if fold_of(e.task_id, budget.folds, budget.seed) != f]
+        is_val = [zlib.crc32(f"val:{e.task_id}".encode()) / 2**32 < VAL_SHARE for e in rest]
+        train_set = [e for e, v in zip(rest, is_val, strict=True) if not v]
+        val_set = [e for e, v in zip(rest, is_val, strict=True) if v]
+        cfg = train.TrainConfig(max_minutes=budget.minutes_per_fold, seed=budget.seed)
+        report = train.train(train_set, val_set, cfg, path.parent)
+        export(path.parent, path, "progressive")
+        say(
+            f"learned predictor fold {f + 1}/{budget.folds}: {len(train_set)} examples, best epoch "
+            f"{report.best_epoch}, val loss {report.val_loss:.3f}, {time.monotonic() - t0:.0f} s"
+        )
+    return paths
+
+
+def _queries(t: WorkTraj, trace: Trace, cache: dict[str, list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What the service is sent at each of the trajectory's prediction points (0 to n - 1 calls done)."""
+    from loom.tokenizer import qwen_tokenizer
+
+    origin = t.origin or tuple(range(len(t.steps)))
+    actions = [trace.steps[i].action for i in origin]
+    observations = [trace.steps[i].observation for i in origin]
+    tok = qwen_tokenizer()
+    out = []
+    generated = 0
+    for k, step in enumerate(t.steps):
+        last = t.steps[k - 1] if k else None
+        ctx_len = last.input_len + last.output_len if last else step.input_len
+        ids = context.encode(tok, trace.task, context.step_pieces(actions, observations, k), cache)
+        out.append((ids, context.features(k, generated, ctx_len)))
+        generated += step.output_len
+    return out
+
+
+@dataclass(frozen=True)
+class _Query:
+    ids: np.ndarray
+    features: np.ndarray
+
+
+def _workload_key(w: Workload) -> str:
+    h = hashlib.sha1()
+    for t in w.trajectories:
+        h.update(f"{t.id}|{t.trace}|{t.origin}|{t.calls};".encode())
+    return h.hexdigest()[:16]
+
+
+def cross_fitted(
+    workload: Workload, budget: Budget | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, np.ndarray]:
+    """Each trajectory's predicted total length after 0, 1, ..., n - 1 calls, by the model of its fold."""
+    from loom.predict.onnx_model import OnnxRegressor
+
+    budget = budget or Budget()
+    missing = [t.id for t in workload.trajectories if not t.trace]
+    if missing:
+        raise ValueError(f"{len(missing)} trajectories name no recorded trace (e.g. {missing[0]!r})")
+    path = cache_root() / budget.key() / f"predictions-{_workload_key(workload)}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    models = [OnnxRegressor(p) for p in train_folds(budget, log)]
+    traces = _all_traces()
+    by_fold: dict[int, list[tuple[str, int, _Query]]] = {}
+    cache: dict[str, list[int]] = {}
+    for t in workload.trajectories:
+        trace = traces[t.trace]
+        f = fold_of(prompt_of(trace), budget.folds, budget.seed)
+        for k, (ids, feats) in enumerate(_queries(t, trace, cache)):
+            by_fold.setdefault(f, []).append((t.id, k, _Query(ids, feats)))
+    out = {t.id: np.zeros(len(t.steps), dtype=np.float64) for t in workload.trajectories}
+    for f, items in by_fold.items():
+        for i in range(0, len(items), BATCH):
+            chunk = items[i : i + BATCH]
+            remaining = models[f].remaining([q for _, _, q in chunk])
+            for (tid, k, _), r in zip(chunk, remaining, strict=True):
+                out[tid][k] = r
+    for t in workload.trajectories:
+        out[t.id] += np.cumsum([0, *(s.output_len for s in t.steps[:-1])])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **out)  # type: ignore[arg-type]
+    tmp.replace(path)
+    return out

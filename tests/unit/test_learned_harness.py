@@ -1,0 +1,72 @@
+"""The harness's learned predictor: cross-fitted by prompt, read as the service would be sent, cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loom.harness import learned
+from loom.harness.cluster import Cluster
+from loom.harness.rollout import run_rollout
+from loom.protocol import PolicySpec
+from loom.trace_sets import trace_set
+from loom.traces import prompt_of
+from loom.workloads import coding, search
+from loom.workloads.base import Workload
+from tests.conftest import need_shared
+
+TRACE_FILES = (
+    "swe-gemini3pro.jsonl.gz",
+    "hotpotqa-react-100q-5trials.txt.gz",
+    "tau-bench-airline-gpt4o.json.gz",
+)
+
+
+def test_folds_split_prompts_not_trials() -> None:
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    folds = {}
+    for t in trace_set("tool_use"):
+        folds.setdefault(prompt_of(t), set()).add(learned.fold_of(prompt_of(t), 5))
+    assert all(len(f) == 1 for f in folds.values())  # every trial of a prompt in one fold
+    assert {f for fs in folds.values() for f in fs} == set(range(5))
+
+
+def test_a_varied_sibling_is_read_as_its_own_sequence_of_recorded_steps() -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    w = coding(prompts=1, group_size=16)
+    trace = {t.id: t for t in trace_set("coding")}[w.trajectories[0].trace]
+    for t in w.trajectories:
+        queries = learned._queries(t, trace, {})
+        assert len(queries) == len(t.steps)
+        generated = 0
+        for k, (_, feats) in enumerate(queries):
+            assert feats[0] == pytest.approx(np.log1p(k)) and feats[1] == pytest.approx(
+                np.log1p(generated) / 10
+            )
+            generated += t.steps[k].output_len
+
+
+def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for f in TRACE_FILES:
+        need_shared(f"data/traces/{f}")
+    monkeypatch.setenv("LOOM_HOME", str(tmp_path))
+    budget = learned.Budget(minutes_per_fold=0.01, folds=2)
+    w = Workload("mini", "", coding(prompts=2, group_size=4).trajectories + search(prompts=2).trajectories)
+    logs: list[str] = []
+    pred = learned.cross_fitted(w, budget, logs.append)
+    assert len(logs) == 2 and all("fold" in m for m in logs)
+    for t in w.trajectories:
+        done = np.cumsum([0, *(s.output_len for s in t.steps[:-1])])
+        assert pred[t.id].shape == (len(t.steps),) and np.all(pred[t.id] >= done)  # generated + remaining
+    again = learned.cross_fitted(w, budget, logs.append)
+    assert len(logs) == 2 and all(np.array_equal(pred[k], again[k]) for k in pred)  # from the cache
+    r = run_rollout(
+        w, PolicySpec(preset="heddle").resolved(), Cluster(gpus=4, model="qwen3-8b"), "learned", learned=pred
+    )
+    assert r.output_tokens == sum(t.output_tokens for t in w.trajectories)
+    with pytest.raises(ValueError, match="name no recorded trace"):
+        learned.cross_fitted(Workload("x", "", [w.trajectories[0].__class__("a", "p", 0, ())]), budget)
