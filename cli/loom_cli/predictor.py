@@ -23,7 +23,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     t.add_argument(
         "--base", default="tiny", help="'tiny' (from a config, CPU) or a local Qwen3 checkpoint dir"
     )
-    t.add_argument("--traces", default=None, help="a trace file of the SWE schema (default: the SWE traces)")
+    t.add_argument(
+        "--traces",
+        default=None,
+        help="a trace file of the SWE schema (default: all three trace sets: coding, search, tool use)",
+    )
     t.add_argument("--out", type=Path, default=default_model_path().parent, help="checkpoint directory")
     t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget for training")
     t.add_argument("--epochs", type=int, default=30)
@@ -48,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from loom.predict import dataset, train
-    from loom.predict.export import export
+    from loom.predict.export import calibrate, export
+    from loom.trace_sets import SETS, trace_set
     from loom.traces import load_traces
 
-    traces = list(load_traces(args.traces).values())[: args.limit]
+    if args.traces is None:
+        traces = [t for name in SETS for t in trace_set(name)][: args.limit]
+    else:
+        traces = list(load_traces(args.traces).values())[: args.limit]
     data = dataset.build(traces, steps=[0] if args.prompt_only else None, seed=args.seed)
     print(
         f"{len(traces)} trajectories: "
@@ -85,7 +93,11 @@ def _train(args: argparse.Namespace) -> int:
     summary = dict(vars(report))
     if not args.no_export:
         method = "prompt_only" if args.prompt_only else "progressive"
-        summary["onnx"] = str(export(args.out, args.out / "model.onnx", method))
+        onnx = export(args.out, args.out / "model.onnx", method)
+        summary["onnx"] = str(onnx)
+        first = [e for e in data["val"] if e.step == 0]
+        if len(first) >= 2:  # the service weighs the model against a prompt's finished samples by it
+            summary["admission_log_sd"] = round(calibrate(onnx, first), 3)
     print(json.dumps(summary))
     return 0
 

@@ -1,6 +1,7 @@
 """Predictor service: remaining-length estimates on ``loom.v1.predict``.
 
-It serves the learned regressor (ONNX Runtime, micro-batched, with a deadline) when its model file exists.
+It serves the learned regressor (ONNX Runtime, micro-batched, with a deadline) when its model file exists,
+its totals refined by the finished samples of the same prompt (``loom.predict.blend``).
 Without one, or for a request that carries no context or misses its deadline, it answers with the
 history-based predictor, which learns from every finished trajectory and, after a restart, relearns from
 the result stream's headers. Every fallback is counted by reason and the missing model is logged loudly.
@@ -17,6 +18,7 @@ from nats.aio.msg import Msg
 
 from loom import results
 from loom.predict.batcher import MicroBatcher
+from loom.predict.blend import SiblingBlend
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Prediction, PredictRequest, TrajDone, subjects
 from loom.service import Runtime
@@ -24,6 +26,11 @@ from services.predictor.settings import PredictorSettings
 
 log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# A model exported without its measured error is trusted as little as this (log sd) until finished
+# trajectories measure it.
+UNCALIBRATED_LOG_SD = 1.0
+# Admission estimates kept to measure the model against the trajectories' true totals; the oldest go first.
+MAX_ADMITTED = 100_000
 
 
 class PredictorService:
@@ -32,6 +39,8 @@ class PredictorService:
         self.settings = settings
         self.history = HistoryPredictor()
         self.model: Any = None
+        self.blend: SiblingBlend | None = None
+        self.admitted: dict[str, float] = {}  # the model's total for each trajectory at admission
         self.batcher: MicroBatcher[Any, float] | None = None
         self.unavailable = ""
         m = rt.metrics
@@ -53,6 +62,7 @@ class PredictorService:
         from loom.predict.onnx_model import OnnxRegressor
 
         self.model = OnnxRegressor(path, threads=self.settings.threads)
+        self.blend = SiblingBlend(self.model.admission_log_sd or UNCALIBRATED_LOG_SD)
         self.batcher = MicroBatcher(
             self._run_batch,
             max_batch=self.settings.max_batch,
@@ -75,6 +85,8 @@ class PredictorService:
         }
         if self.model:
             out["model_path"] = str(self.settings.model_path)
+        if self.blend:
+            out["blend"] = self.blend.spreads()
         else:
             out["fallback"] = self.unavailable
         return out
@@ -83,6 +95,8 @@ class PredictorService:
         for h in await results.scan_headers(rt.js):
             if h.status == "completed":
                 self.history.observe(h.task_id, h.output_tokens)
+                if self.blend:
+                    self.blend.observe(h.task_id, h.output_tokens)
         log.info("history predictor learned %d trajectories", self.history.overall.n)
         await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_done)
         await rt.subscribe(subjects.PREDICT, PredictRequest, self.on_predict, queue=subjects.QUEUE_GROUP)
@@ -93,23 +107,33 @@ class PredictorService:
                 await self.batcher.close()
 
     async def on_done(self, ev: TrajDone, _msg: Msg) -> None:
+        admitted = self.admitted.pop(ev.traj_id, None)
         if ev.status == "completed":
             self.history.observe(ev.task_id, ev.output_tokens)
+            if self.blend:
+                self.blend.observe(ev.task_id, ev.output_tokens, admitted)
 
     async def on_predict(self, req: PredictRequest, _msg: Msg) -> Prediction:
         if self.batcher is not None:
             if req.prompt or req.pieces:
                 remaining = await self._model_remaining(req)
-                if remaining is not None:
+                if remaining is not None and self.blend is not None:
                     self.m_requests.labels(self.model.method).inc()
-                    return Prediction(
-                        req.traj_id, remaining, req.generated_tokens + remaining, self.model.method
-                    )
+                    model_total = req.generated_tokens + remaining
+                    if req.step == 0:
+                        self._admit(req.traj_id, model_total)
+                    total = self.blend.total(req.task_id, model_total, req.generated_tokens)
+                    return Prediction(req.traj_id, total - req.generated_tokens, total, self.model.method)
             else:
                 self.m_fallbacks.labels("no_context").inc()
         self.m_requests.labels("history").inc()
         total = self.history.predict_total(req.task_id, req.generated_tokens)
         return Prediction(req.traj_id, max(0.0, total - req.generated_tokens), total, "history")
+
+    def _admit(self, traj_id: str, total: float) -> None:
+        self.admitted[traj_id] = total
+        if len(self.admitted) > MAX_ADMITTED:  # trajectories that never finished: forget the oldest
+            del self.admitted[next(iter(self.admitted))]
 
     async def _model_remaining(self, req: PredictRequest) -> float | None:
         from loom.predict.onnx_model import query

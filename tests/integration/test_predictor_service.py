@@ -3,18 +3,20 @@ ONNX export, and the service answering over a real nats-server, with and without
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from nats.aio.client import Client as NATS
 
 from loom.bus import request
 from loom.predict import context
-from loom.protocol import Health, Prediction, PredictRequest, decode, subjects
+from loom.protocol import Health, Prediction, PredictRequest, TrajDone, decode, encode, subjects
 from services.predictor.service import PredictorService
 from services.predictor.settings import PredictorSettings
 from tests.conftest import Services, need_shared
@@ -62,6 +64,29 @@ async def test_service_serves_the_model_and_falls_back_to_history(
     # A request with no context cannot use the model: the history-based answer, counted as a fallback.
     bare = PredictRequest("j", "t2", "task", 1, 6000, 700)
     assert (await request(nc, subjects.PREDICT, bare, Prediction, timeout_s=10)).method == "history"
+
+    # Samples of the same prompt that finish far above the model's estimate pull the next one's up.
+    first = PredictRequest("j", "s0", "task", 0, 200, 0, prompt="Fix the bug in the parser")
+    alone = await request(nc, subjects.PREDICT, first, Prediction, timeout_s=10)
+    for i in range(4):
+        done = TrajDone("j", f"s{i + 1}", "completed", 1.0, int(alone.total_tokens * 20), 30, task_id="task")
+        await nc.publish(subjects.traj_done("j"), encode(done))
+    await nc.flush()
+    for _ in range(50):
+        reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
+        if decode(reply.data, Health).details["observed"] == 4:
+            break
+        await asyncio.sleep(0.05)
+    later = await request(
+        nc,
+        subjects.PREDICT,
+        PredictRequest(**{**msgspec.structs.asdict(first), "traj_id": "s9"}),
+        Prediction,
+        timeout_s=10,
+    )
+    assert later.method == "progressive" and later.total_tokens > 3 * alone.total_tokens
+    health = decode(reply.data, Health).details
+    assert set(health["blend"]) == {"model_log_sd", "within_log_sd"}
     await services.stop("p")
 
     missing = PredictorSettings(model_path=tmp_path / "none.onnx")

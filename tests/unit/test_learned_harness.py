@@ -57,15 +57,16 @@ def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollou
     budget = learned.Budget(minutes_per_fold=0.01, folds=2)
     w = Workload("mini", "", coding(prompts=2, group_size=4).trajectories + search(prompts=2).trajectories)
     logs: list[str] = []
-    pred = learned.cross_fitted(w, budget, logs.append)
-    assert len(logs) == 2 and all("fold" in m for m in logs)
+    got = learned.cross_fitted(w, budget, logs.append)
+    pred = got.totals
+    assert len(logs) == 2 and all("fold" in m for m in logs) and got.admission_log_sd > 0
     for t in w.trajectories:
         done = np.cumsum([0, *(s.output_len for s in t.steps[:-1])])
         assert pred[t.id].shape == (len(t.steps),) and np.all(pred[t.id] >= done)  # generated + remaining
     again = learned.cross_fitted(w, budget, logs.append)
-    assert len(logs) == 2 and all(np.array_equal(pred[k], again[k]) for k in pred)  # from the cache
+    assert len(logs) == 2 and all(np.array_equal(pred[k], again.totals[k]) for k in pred)  # from the cache
     r = run_rollout(
-        w, PolicySpec(preset="heddle").resolved(), Cluster(gpus=4, model="qwen3-8b"), "learned", learned=pred
+        w, PolicySpec(preset="heddle").resolved(), Cluster(gpus=4, model="qwen3-8b"), "learned", learned=got
     )
     assert r.output_tokens == sum(t.output_tokens for t in w.trajectories)
     with pytest.raises(ValueError, match="name no recorded trace"):

@@ -34,6 +34,33 @@ def test_only_a_prediction_jump_moves_a_trajectory() -> None:
     assert p.update("t4", 120) is None  # measured from where it was last placed: +26%
 
 
+def test_a_move_never_overfills_its_destination() -> None:
+    p = MigrationPlanner(["A", "B"], [2, 8], jump=0.0)
+    for i in range(10):
+        p.add(f"t{i}", 100 - i, "A" if i < 2 else "B")
+    # A holds its 2: one of B's may move up (A then holds 3), the next may not.
+    mv = p.update("t9", 1009)
+    assert mv == Move("t9", "B", "A", 1009)
+    p.moved("t9", "A")
+    assert p.update("t8", 1008) is None
+    p.finish("t0")
+    p.finish("t1")  # 8 active: A's size scales to 1.6, and it holds 1 (t9): room again
+    assert p.update("t8", 1010) == Move("t8", "B", "A", 1010)
+
+
+@given(st.lists(st.tuples(st.integers(0, 19), st.floats(1, 1e5)), max_size=60))
+def test_no_sequence_of_updates_overfills_a_worker(updates: list[tuple[int, float]]) -> None:
+    p = MigrationPlanner(["A", "B", "C"], [2, 6, 12], jump=0.0)
+    for i in range(20):
+        p.add(f"t{i}", 100.0 - i, "A" if i < 2 else "B" if i < 8 else "C")
+    for i, n in updates:
+        mv = p.update(f"t{i}", n)
+        if mv is not None:
+            p.moved(mv.traj, mv.dst)
+    for w in "ABC":  # each at most one past its planned size
+        assert sum(1 for x in p.where.values() if x == w) <= p.capacity(w) + 1
+
+
 def test_partition_sizes_scale_with_active_trajectories() -> None:
     p = _planner()
     for t in ("t0", "t1", "t2", "t3", "t4"):

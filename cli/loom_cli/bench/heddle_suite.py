@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.harness.cluster import BASELINE_MP, Cluster
-from loom.harness.learned import cross_fitted
+from loom.harness.learned import Learned, cross_fitted
 from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
@@ -128,7 +128,7 @@ def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None
     return max(1, BATCH_PER_WORKER * workers // GROUP)
 
 
-def _run_cell(args: tuple[Cell, int | None, int, bool, dict[str, Any] | None]) -> dict[str, Any]:
+def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None]) -> dict[str, Any]:
     cell, prompts, seed, timelines, learned = args
     gpus = cell.gpus
     workload = WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed)
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None) -> dict[str, dict[str, Any]]:
+def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None) -> dict[str, Learned]:
     """The learned predictor's cross-fitted predictions for each workload's largest batch in the plan (every
     cell's batch is a prefix of it)."""
     budget = learned_budget(plan.quick, minutes, plan.seed)
@@ -224,11 +224,12 @@ def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None)
     return out
 
 
-def _subset(learned: dict[str, Any], cell: Cell, prompts: int | None, seed: int) -> dict[str, Any] | None:
+def _subset(learned: Learned, cell: Cell, prompts: int | None, seed: int) -> Learned | None:
     if cell.predictor != "learned":
         return None
-    ids = (t.id for t in WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed).trajectories)
-    return {i: learned[i] for i in ids}
+    return learned.subset(
+        t.id for t in WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed).trajectories
+    )
 
 
 def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, Any]]) -> dict[str, Any]:

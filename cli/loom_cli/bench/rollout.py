@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.harness.cluster import Cluster
-from loom.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, cross_fitted
+from loom.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, Learned, cross_fitted
 from loom.harness.rollout import PREDICTORS, run_rollout
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
@@ -137,16 +137,16 @@ def learned_budget(quick: bool, minutes: float | None, seed: int) -> Budget:
     return Budget(minutes if minutes is not None else base.minutes_per_fold, base.folds, seed)
 
 
-def prediction_quality(workload: Workload, learned: dict[str, Any]) -> dict[str, Any]:
+def prediction_quality(workload: Workload, learned: Learned) -> dict[str, Any]:
     """The learned predictor's recall of the top 10% and Pearson's r against the true totals, at admission
     (step 0) and after two calls (step 2, over the trajectories that make two calls), with 95% intervals."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"admission_log_sd": round(learned.admission_log_sd, 3)}
     for k in (0, 2):
         trajs = [t for t in workload.trajectories if len(t.steps) > k]
         if len(trajs) < 10:
             continue
         actual = [float(t.output_tokens) for t in trajs]
-        predicted = [float(learned[t.id][k]) for t in trajs]
+        predicted = [float(learned.totals[t.id][k]) for t in trajs]
         out[f"step{k}"] = {
             name: {
                 "estimate": round(iv.estimate, 3),

@@ -18,11 +18,12 @@ workload's trajectories), so a benchmark pays for training once.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from loom import trace_sets
 from loom.predict import context
+from loom.predict.onnx_model import meta_path
 from loom.traces import Trace, prompt_of
 from loom.workloads.base import Workload, WorkTraj
 
@@ -48,15 +50,21 @@ def cache_root() -> Path:
     return Path(os.environ.get("LOOM_HOME", ".loom")) / "cache" / "learned"
 
 
-def _code_version() -> str:
-    """The source of everything a prediction depends on: a change to any of it is a different model."""
-    import loom.predict as predict
-    import loom.workloads.base as base
+# Bumped when this module changes how folds are trained (MODEL) or how a trajectory is queried (QUERY): the
+# library code both depend on is hashed into the cache keys by itself.
+MODEL_VERSION = 2
+QUERY_VERSION = 1
 
-    files = [Path(__file__), Path(trace_sets.__file__), Path(base.__file__)]
+
+def _code_version() -> str:
+    """The source of the library code a model depends on: a change to any of it is a different model."""
+    import loom.predict as predict
+    import loom.traces as traces
+
+    files = [Path(trace_sets.__file__), Path(traces.__file__)]
     pkg = Path(predict.__file__).parent
     files += [pkg / f"{m}.py" for m in ("context", "dataset", "regressor", "train", "export", "onnx_model")]
-    h = hashlib.sha1()
+    h = hashlib.sha1(str(MODEL_VERSION).encode())
     for f in files:
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
@@ -81,14 +89,20 @@ def _all_traces() -> dict[str, Trace]:
     return {t.id: t for name in trace_sets.SETS for t in trace_sets.trace_set(name)}
 
 
+def _calibrated(path: Path) -> bool:
+    """An exported fold model whose error at admission was measured (the last step of training one)."""
+    meta = meta_path(path)
+    return meta.exists() and "admission_log_sd" in json.loads(meta.read_text())
+
+
 def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> list[Path]:
     """One exported model per fold (cached): each trained on the prompts outside its fold."""
     from loom.predict import dataset, train
-    from loom.predict.export import export
+    from loom.predict.export import calibrate, export
 
     root = cache_root() / budget.key()
     paths = [root / f"fold{f}" / "model.onnx" for f in range(budget.folds)]
-    if all(p.exists() for p in paths):
+    if all(_calibrated(p) for p in paths):
         return paths
     say = log or (lambda m: print(m, file=sys.stderr))
     traces = list(_all_traces().values())
@@ -98,7 +112,7 @@ def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> lis
         examples.extend(dataset.trajectory_examples(t, cache=cache))
         cache.clear()
     for f, path in enumerate(paths):
-        if path.exists():
+        if _calibrated(path):
             continue
         t0 = time.monotonic()
         rest = [e for e in examples if fold_of(e.task_id, budget.folds, budget.seed) != f]
@@ -108,9 +122,11 @@ def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> lis
         cfg = train.TrainConfig(max_minutes=budget.minutes_per_fold, seed=budget.seed)
         report = train.train(train_set, val_set, cfg, path.parent)
         export(path.parent, path, "progressive")
+        sd = calibrate(path, [e for e in val_set if e.step == 0])
         say(
             f"learned predictor fold {f + 1}/{budget.folds}: {len(train_set)} examples, best epoch "
-            f"{report.best_epoch}, val loss {report.val_loss:.3f}, {time.monotonic() - t0:.0f} s"
+            f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), "
+            f"{time.monotonic() - t0:.0f} s"
         )
     return paths
 
@@ -135,13 +151,25 @@ def _queries(t: WorkTraj, trace: Trace, cache: dict[str, list[int]]) -> list[tup
 
 
 @dataclass(frozen=True)
+class Learned:
+    """The predictions a harness run reads: each trajectory's predicted total after 0 .. n - 1 calls, and
+    the models' error at admission on held-out prompts (the resolution placement can trust them to)."""
+
+    totals: dict[str, np.ndarray]
+    admission_log_sd: float
+
+    def subset(self, ids: Iterable[str]) -> Learned:
+        return Learned({i: self.totals[i] for i in ids}, self.admission_log_sd)
+
+
+@dataclass(frozen=True)
 class _Query:
     ids: np.ndarray
     features: np.ndarray
 
 
 def _workload_key(w: Workload) -> str:
-    h = hashlib.sha1()
+    h = hashlib.sha1(str(QUERY_VERSION).encode())
     for t in w.trajectories:
         h.update(f"{t.id}|{t.trace}|{t.origin}|{t.calls};".encode())
     return h.hexdigest()[:16]
@@ -149,19 +177,25 @@ def _workload_key(w: Workload) -> str:
 
 def cross_fitted(
     workload: Workload, budget: Budget | None = None, log: Callable[[str], None] | None = None
-) -> dict[str, np.ndarray]:
+) -> Learned:
     """Each trajectory's predicted total length after 0, 1, ..., n - 1 calls, by the model of its fold."""
-    from loom.predict.onnx_model import OnnxRegressor
-
     budget = budget or Budget()
     missing = [t.id for t in workload.trajectories if not t.trace]
     if missing:
         raise ValueError(f"{len(missing)} trajectories name no recorded trace (e.g. {missing[0]!r})")
+    paths = train_folds(budget, log)
+    sd = float(np.mean([json.loads(meta_path(p).read_text())["admission_log_sd"] for p in paths]))
+    return Learned(_predict(workload, budget, paths), sd)
+
+
+def _predict(workload: Workload, budget: Budget, paths: Sequence[Path]) -> dict[str, np.ndarray]:
+    from loom.predict.onnx_model import OnnxRegressor
+
     path = cache_root() / budget.key() / f"predictions-{_workload_key(workload)}.npz"
     if path.exists():
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
-    models = [OnnxRegressor(p) for p in train_folds(budget, log)]
+    models = [OnnxRegressor(p) for p in paths]
     traces = _all_traces()
     by_fold: dict[int, list[tuple[str, int, _Query]]] = {}
     cache: dict[str, list[int]] = {}

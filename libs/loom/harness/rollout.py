@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +24,12 @@ from loom.engine.sim_core import HICACHE_RATIO, build_core
 from loom.engine.virtual import VirtualSim
 from loom.harness.bounds import lower_bound_terms
 from loom.harness.cluster import Cluster, allocate, tool_time
+from loom.harness.learned import Learned, cross_fitted
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
-from loom.policies.partition import presorted_dp
+from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.routing import RouterView, make_routing
+from loom.predict.blend import SiblingBlend
 from loom.predict.history import HistoryPredictor
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkTraj
@@ -41,13 +42,17 @@ class _Predictor:
     """Total-length estimates: Loom's learned model, exact (oracle), per-prompt history, or none (no
     information: all equal)."""
 
-    def __init__(self, kind: str, learned: Mapping[str, np.ndarray] | None = None) -> None:
+    def __init__(self, kind: str, learned: Learned | None = None) -> None:
         if kind not in PREDICTORS:
             raise ValueError(f"unknown predictor {kind!r}; one of {PREDICTORS}")
         if kind == "learned" and learned is None:
             raise ValueError("the learned predictor needs its predictions (loom.harness.learned)")
         self.kind = kind
-        self.learned = learned or {}
+        self.learned = learned.totals if learned else {}
+        # How far apart two estimates at admission must be to mean anything (0: exact, or all alike).
+        self.admission_log_sd = learned.admission_log_sd if learned else 0.0
+        # The service refines the model's estimates by the finished samples of the same prompt.
+        self.blend = SiblingBlend(learned.admission_log_sd) if learned else None
         self.history = HistoryPredictor()
         self.history_context: dict[str, list[float]] = {}
 
@@ -55,8 +60,9 @@ class _Predictor:
         """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
         if self.kind == "oracle":
             return float(t.output_tokens)
-        if self.kind == "learned":
-            return float(self.learned[t.id][min(calls, len(t.steps) - 1)])
+        if self.blend is not None:
+            model = float(self.learned[t.id][min(calls, len(t.steps) - 1)])
+            return self.blend.total(t.prompt, model, generated)
         if self.kind == "history":
             return self.history.predict_total(t.prompt, generated)
         return 1.0  # no information: every trajectory alike, so placement balances counts
@@ -94,6 +100,8 @@ class _Predictor:
     def finished(self, t: WorkTraj) -> None:
         self.history_context.setdefault(t.prompt, []).append(mean_context(t))
         self.history.observe(t.prompt, t.output_tokens)
+        if self.blend is not None:
+            self.blend.observe(t.prompt, t.output_tokens, float(self.learned[t.id][0]))
 
     @property
     def discriminates(self) -> bool:
@@ -179,7 +187,7 @@ def run_rollout(
     seed: int = 0,
     interaction: str = "trajectory",
     gantt_workers: int = 0,
-    learned: Mapping[str, np.ndarray] | None = None,
+    learned: Learned | None = None,
 ) -> RolloutResult:
     """``interaction``: each trajectory calls its environment as soon as its step is generated
     (trajectory level), or every turn waits for the whole batch to generate and then for every
@@ -193,11 +201,9 @@ def run_rollout(
     trajs = workload.trajectories
     n = len(trajs)
     if predictor == "learned" and learned is None:
-        from loom.harness.learned import cross_fitted
-
         learned = cross_fitted(workload)
     pred = _Predictor(predictor, learned)
-    initial = [pred.total(t, 0, 0) for t in trajs]
+    initial = coarsen([pred.total(t, 0, 0) for t in trajs], pred.admission_log_sd)
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     steps = [st for t in trajs for st in t.steps]
     step_tokens = sum(st.output_len for st in steps) / max(1, len(steps))

@@ -117,6 +117,19 @@ class Partition:
         return out
 
 
+def coarsen(lengths: Sequence[float], log_sd: float) -> list[float]:
+    """Predicted lengths as far as a predictor with a log-normal error of ``log_sd`` can tell them apart:
+    each rounded to a grid of that width in log space. Predictions closer than the error then tie, and the
+    presort deals tied trajectories out in the order given (sample-major: a prompt's samples spread over the
+    groups) instead of stacking a prompt's samples, whose estimates at admission are alike, on one worker.
+    An exact predictor (``log_sd`` 0) keeps its lengths."""
+    if log_sd < 0:
+        raise ValueError("log_sd must be non-negative")
+    if log_sd == 0:
+        return [float(x) for x in lengths]
+    return [float(np.exp(np.round(np.log(max(x, 1.0)) / log_sd) * log_sd)) for x in lengths]
+
+
 def presorted_dp(
     lengths: Sequence[float] | NDArray[np.float64],
     workers: Sequence[WorkerProfile],

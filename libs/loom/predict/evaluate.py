@@ -37,6 +37,15 @@ def pearson(predicted: Sequence[float], actual: Sequence[float]) -> float:
     return float(np.corrcoef(p, a)[0, 1])
 
 
+def log_error_sd(predicted: Sequence[float], actual: Sequence[float]) -> float:
+    """The spread of a predictor's errors in log space: the standard deviation of log((1 + predicted) /
+    (1 + actual)). Blending with other evidence weighs the predictor by it."""
+    p, a = np.asarray(predicted, float), np.asarray(actual, float)
+    if len(p) != len(a) or len(a) < 2:
+        raise ValueError("predicted and actual must be of one length, at least 2")
+    return float(np.std(np.log1p(p) - np.log1p(a), ddof=1))
+
+
 Metric = Callable[[Sequence[float], Sequence[float]], float]
 
 

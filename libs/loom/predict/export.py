@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from loom.predict import context, regressor
+from loom.predict.dataset import Example
 from loom.predict.onnx_model import meta_path
 from loom.predict.regressor import PAD_ID
 
@@ -51,3 +53,15 @@ def export(checkpoint: Path, out: Path, method: str = "progressive") -> Path:
     }
     meta_path(out).write_text(json.dumps(meta, indent=2))
     return out
+
+
+def calibrate(onnx_path: Path, first_steps: Sequence[Example]) -> float:
+    """Measure the exported model's error at admission on held-out first steps and record it in its
+    metadata, where the service reads it to weigh the model against a prompt's finished samples."""
+    from loom.predict.onnx_model import OnnxRegressor
+
+    sd = OnnxRegressor(onnx_path).admission_error(first_steps)
+    meta = json.loads(meta_path(onnx_path).read_text())
+    meta["admission_log_sd"] = round(sd, 4)
+    meta_path(onnx_path).write_text(json.dumps(meta, indent=2))
+    return sd

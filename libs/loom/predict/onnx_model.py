@@ -14,6 +14,8 @@ import numpy as np
 import onnxruntime as ort
 
 from loom.predict import context
+from loom.predict.dataset import Example
+from loom.predict.evaluate import log_error_sd
 from loom.tokenizer import qwen_tokenizer
 
 
@@ -42,6 +44,8 @@ class OnnxRegressor:
         self.method = str(meta["method"])
         self.pool = int(meta["pool"])
         self.pad_id = int(meta["pad_id"])
+        # Its error at admission on held-out prompts (log sd), where training measured it.
+        self.admission_log_sd: float | None = meta.get("admission_log_sd")
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -51,6 +55,13 @@ class OnnxRegressor:
     def log_remaining(self, ids: np.ndarray, mask: np.ndarray, feats: np.ndarray) -> np.ndarray:
         out = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "features": feats})[0]
         return np.asarray(out, dtype=np.float64)
+
+    def admission_error(self, first_steps: Sequence[Example]) -> float:
+        """Its error at admission (log sd of predicted over actual totals) on the first steps of held-out
+        trajectories, or 0 with fewer than two."""
+        if len(first_steps) < 2:
+            return 0.0
+        return log_error_sd(self.remaining(first_steps).tolist(), [e.total for e in first_steps])
 
     def remaining(self, queries: Sequence[context.Windowed]) -> np.ndarray:
         """Predicted remaining completion tokens, one per query, in one batch."""
