@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from loom.predict import dataset, train
     from loom.predict.export import calibrate, export
-    from loom.trace_sets import SETS, trace_set
+    from loom.trace_sets import SETS, trace_set, workload_of_prompts
     from loom.traces import load_traces
 
     if args.traces is None:
@@ -97,7 +97,9 @@ def _train(args: argparse.Namespace) -> int:
         summary["onnx"] = str(onnx)
         first = [e for e in data["val"] if e.step == 0]
         if len(first) >= 2:  # the service weighs the model against a prompt's finished samples by it
-            summary["admission_log_sd"] = round(calibrate(onnx, first), 3)
+            sets = workload_of_prompts()
+            sd, slope = calibrate(onnx, first, [sets.get(e.task_id, "") for e in first])
+            summary |= {"admission_log_sd": round(sd, 3), "admission_slope": round(slope, 3)}
     print(json.dumps(summary))
     return 0
 

@@ -19,7 +19,7 @@ from typing import Any
 from loom.envs import hotpotqa
 from loom.settings import default_shared_dir
 from loom.tokenizer import count_tokens
-from loom.traces import Trace, TraceStep, load_traces, open_text
+from loom.traces import Trace, TraceStep, load_traces, open_text, prompt_of
 
 SETS = ("coding", "search", "tool_use")
 TAU_TRACES = "data/traces/tau-bench-airline-gpt4o.json.gz"
@@ -130,3 +130,8 @@ def trace_set(name: str, path: str | Path | None = None) -> tuple[Trace, ...]:
     if name == "tool_use":
         return tool_use_traces(path)
     raise ValueError(f"unknown trace set {name!r}; one of {SETS}")
+
+
+def workload_of_prompts() -> dict[str, str]:
+    """The trace set each prompt of the three belongs to."""
+    return {prompt_of(t): name for name in SETS for t in trace_set(name)}

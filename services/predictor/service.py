@@ -123,7 +123,14 @@ class PredictorService:
                     if req.step == 0:
                         self._admit(req.traj_id, model_total)
                     total = self.blend.total(req.task_id, model_total, req.generated_tokens)
-                    return Prediction(req.traj_id, total - req.generated_tokens, total, self.model.method)
+                    return Prediction(
+                        req.traj_id,
+                        total - req.generated_tokens,
+                        total,
+                        self.model.method,
+                        self.blend.model.sd,
+                        self.model.admission_slope,
+                    )
             else:
                 self.m_fallbacks.labels("no_context").inc()
         self.m_requests.labels("history").inc()

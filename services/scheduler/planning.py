@@ -9,7 +9,7 @@ import statistics
 
 from loom.bus import request
 from loom.policies.affinity import eligible
-from loom.policies.partition import presorted_dp
+from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.profiles import placement_profile
 from loom.predict import context as predict_context
@@ -25,23 +25,28 @@ async def initial_predictions(
     rt: Runtime, job: Job, works: list[TrajWork], timeout_s: float = 2.0
 ) -> dict[str, float]:
     """Prompt-only estimate of each trajectory's total length: one predictor call per prompt (every sample
-    of a group shares it); the history prior where the predictor does not answer."""
+    of a group shares it); the history prior where the predictor does not answer. Estimates closer than the
+    predictor's error tie (``partition.coarsen``)."""
     prior = HistoryPredictor().prior_total
     sem = asyncio.Semaphore(64)
 
-    async def one(w: TrajWork) -> tuple[str, float]:
+    async def one(w: TrajWork) -> tuple[str, float, float, float]:
         prompt = int(w.task.data.get("prompt_tokens", 0) or 0)
         req = PredictRequest(job.id, w.traj_id, w.task.id, 0, prompt, 0, prompt=prompt_text(w))
         async with sem:
             try:
                 p = await request(rt.nc, subjects.PREDICT, req, Prediction, timeout_s=timeout_s)
-                return w.task.id, p.total_tokens
+                return w.task.id, p.total_tokens, p.log_sd, p.slope
             except Exception as e:
                 log.debug("no initial prediction for %s: %s", w.task.id, e)
-                return w.task.id, prior
+                return w.task.id, prior, 0.0, 1.0
 
     firsts = {w.task.id: w for w in works}
-    by_task = dict(await asyncio.gather(*(one(w) for w in firsts.values())))
+    answers = await asyncio.gather(*(one(w) for w in firsts.values()))
+    tasks = [a[0] for a in answers]
+    log_sd = max((a[2] for a in answers), default=0.0)
+    totals = coarsen([a[1] for a in answers], log_sd, min((a[3] for a in answers), default=1.0))
+    by_task = dict(zip(tasks, totals, strict=True))
     return {w.traj_id: by_task[w.task.id] for w in works}
 
 
@@ -94,9 +99,9 @@ async def _plan_on(
     if policy.placement != "presorted_dp":
         return Placement(job.id, {})
     preds = await initial_predictions(rt, job, works)
-    # Sample-major order: where predictions tie (every sample of a prompt shares its prompt-only estimate)
-    # the stable presort then deals a group's samples across workers instead of stacking them on one,
-    # as their real lengths are correlated.
+    # Sample-major order: where predictions tie (prompts whose estimates are closer than the predictor's
+    # error) the stable presort deals their samples across workers instead of stacking a prompt's samples,
+    # whose real lengths are correlated, on one.
     ids = [w.traj_id for w in sorted(works, key=lambda w: (w.sample, w.group))]
     names = sorted(workers)
     prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.policies.partition import WorkerProfile, presorted_dp
+from loom.policies.partition import WorkerProfile, coarsen, presorted_dp
 
 
 def _profile(per_token_s: float, increments: list[float], saturation: float = float("inf")) -> WorkerProfile:
@@ -281,3 +282,14 @@ def test_tool_time_is_paid_by_each_group_and_both_solvers_stay_exact(
     assert presorted_dp(lengths, workers, tool=[0.0] * len(lengths)).makespan == pytest.approx(
         presorted_dp(lengths, workers).makespan, rel=1e-12
     )
+
+
+@given(st.lists(st.floats(1.0, 1e6), min_size=1, max_size=40), st.floats(0.01, 2.0))
+def test_coarsening_keeps_the_order_and_moves_no_estimate_past_half_the_error(
+    lengths: list[float], log_sd: float
+) -> None:
+    out = coarsen(lengths, log_sd)
+    for (a, ca), (b, cb) in itertools.product(zip(lengths, out, strict=True), repeat=2):
+        assert a > b or ca <= cb  # monotone: a tie at most, never a swap
+    assert all(abs(math.log(c) - math.log(x)) <= log_sd / 2 + 1e-9 for x, c in zip(lengths, out, strict=True))
+    assert coarsen(lengths, 0.0) == lengths

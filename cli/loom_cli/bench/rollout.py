@@ -140,7 +140,10 @@ def learned_budget(quick: bool, minutes: float | None, seed: int) -> Budget:
 def prediction_quality(workload: Workload, learned: Learned) -> dict[str, Any]:
     """The learned predictor's recall of the top 10% and Pearson's r against the true totals, at admission
     (step 0) and after two calls (step 2, over the trajectories that make two calls), with 95% intervals."""
-    out: dict[str, Any] = {"admission_log_sd": round(learned.admission_log_sd, 3)}
+    out: dict[str, Any] = {
+        "admission_log_sd": round(learned.admission_log_sd, 3),
+        "admission_slope": round(learned.admission_slope, 3),
+    }
     for k in (0, 2):
         trajs = [t for t in workload.trajectories if len(t.steps) > k]
         if len(trajs) < 10:

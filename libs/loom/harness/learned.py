@@ -92,7 +92,7 @@ def _all_traces() -> dict[str, Trace]:
 def _calibrated(path: Path) -> bool:
     """An exported fold model whose error at admission was measured (the last step of training one)."""
     meta = meta_path(path)
-    return meta.exists() and "admission_log_sd" in json.loads(meta.read_text())
+    return meta.exists() and "admission_slope" in json.loads(meta.read_text())
 
 
 def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> list[Path]:
@@ -106,6 +106,7 @@ def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> lis
         return paths
     say = log or (lambda m: print(m, file=sys.stderr))
     traces = list(_all_traces().values())
+    workload_of = trace_sets.workload_of_prompts()
     cache: dict[str, list[int]] = {}
     examples = []
     for t in traces:
@@ -122,10 +123,11 @@ def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> lis
         cfg = train.TrainConfig(max_minutes=budget.minutes_per_fold, seed=budget.seed)
         report = train.train(train_set, val_set, cfg, path.parent)
         export(path.parent, path, "progressive")
-        sd = calibrate(path, [e for e in val_set if e.step == 0])
+        first = [e for e in val_set if e.step == 0]
+        sd, slope = calibrate(path, first, [workload_of[e.task_id] for e in first])
         say(
             f"learned predictor fold {f + 1}/{budget.folds}: {len(train_set)} examples, best epoch "
-            f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), "
+            f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), slope {slope:.2f}, "
             f"{time.monotonic() - t0:.0f} s"
         )
     return paths
@@ -157,9 +159,10 @@ class Learned:
 
     totals: dict[str, np.ndarray]
     admission_log_sd: float
+    admission_slope: float = 1.0  # how much of a difference between two of them is real
 
     def subset(self, ids: Iterable[str]) -> Learned:
-        return Learned({i: self.totals[i] for i in ids}, self.admission_log_sd)
+        return Learned({i: self.totals[i] for i in ids}, self.admission_log_sd, self.admission_slope)
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,10 @@ def cross_fitted(
     if missing:
         raise ValueError(f"{len(missing)} trajectories name no recorded trace (e.g. {missing[0]!r})")
     paths = train_folds(budget, log)
-    sd = float(np.mean([json.loads(meta_path(p).read_text())["admission_log_sd"] for p in paths]))
-    return Learned(_predict(workload, budget, paths), sd)
+    metas = [json.loads(meta_path(p).read_text()) for p in paths]
+    sd = float(np.mean([m["admission_log_sd"] for m in metas]))
+    slope = float(np.mean([m.get("admission_slope", 1.0) for m in metas]))
+    return Learned(_predict(workload, budget, paths), sd, slope)
 
 
 def _predict(workload: Workload, budget: Budget, paths: Sequence[Path]) -> dict[str, np.ndarray]:

@@ -51,6 +51,7 @@ class _Predictor:
         self.learned = learned.totals if learned else {}
         # How far apart two estimates at admission must be to mean anything (0: exact, or all alike).
         self.admission_log_sd = learned.admission_log_sd if learned else 0.0
+        self.admission_slope = learned.admission_slope if learned else 1.0
         # The service refines the model's estimates by the finished samples of the same prompt.
         self.blend = SiblingBlend(learned.admission_log_sd) if learned else None
         self.history = HistoryPredictor()
@@ -203,7 +204,7 @@ def run_rollout(
     if predictor == "learned" and learned is None:
         learned = cross_fitted(workload)
     pred = _Predictor(predictor, learned)
-    initial = coarsen([pred.total(t, 0, 0) for t in trajs], pred.admission_log_sd)
+    initial = coarsen([pred.total(t, 0, 0) for t in trajs], pred.admission_log_sd, pred.admission_slope)
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     steps = [st for t in trajs for st in t.steps]
     step_tokens = sum(st.output_len for st in steps) / max(1, len(steps))

@@ -117,17 +117,22 @@ class Partition:
         return out
 
 
-def coarsen(lengths: Sequence[float], log_sd: float) -> list[float]:
-    """Predicted lengths as far as a predictor with a log-normal error of ``log_sd`` can tell them apart:
-    each rounded to a grid of that width in log space. Predictions closer than the error then tie, and the
-    presort deals tied trajectories out in the order given (sample-major: a prompt's samples spread over the
-    groups) instead of stacking a prompt's samples, whose estimates at admission are alike, on one worker.
-    An exact predictor (``log_sd`` 0) keeps its lengths."""
-    if log_sd < 0:
-        raise ValueError("log_sd must be non-negative")
-    if log_sd == 0:
+def coarsen(lengths: Sequence[float], log_sd: float, slope: float = 1.0) -> list[float]:
+    """Predicted lengths as far as a predictor can tell them apart: their log differences from their mean
+    shrunk by ``slope`` (how much of a predicted difference is real: the slope of true on predicted log
+    lengths), then each rounded to a grid of ``log_sd`` (its error) in log space. Predictions closer than
+    the error then tie, and the presort deals tied trajectories out in the order given (sample-major: a
+    prompt's samples spread over the groups) instead of stacking a prompt's samples, whose estimates at
+    admission are alike, on one worker. An exact predictor (``log_sd`` 0, ``slope`` 1) keeps its lengths."""
+    if log_sd < 0 or not 0 <= slope <= 1:
+        raise ValueError("log_sd must be non-negative and slope in [0, 1]")
+    if (log_sd == 0 and slope == 1) or not len(lengths):
         return [float(x) for x in lengths]
-    return [float(np.exp(np.round(np.log(max(x, 1.0)) / log_sd) * log_sd)) for x in lengths]
+    logs = np.log(np.maximum(np.asarray(lengths, dtype=np.float64), 1.0))
+    logs = logs.mean() + slope * (logs - logs.mean())
+    if log_sd:
+        logs = np.round(logs / log_sd) * log_sd
+    return np.exp(logs).tolist()
 
 
 def presorted_dp(

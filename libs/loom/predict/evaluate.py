@@ -46,6 +46,18 @@ def log_error_sd(predicted: Sequence[float], actual: Sequence[float]) -> float:
     return float(np.std(np.log1p(p) - np.log1p(a), ddof=1))
 
 
+def log_slope(predicted: Sequence[float], actual: Sequence[float]) -> float:
+    """How much of a difference between two predictions is real: the least-squares slope of log(1 + actual)
+    on log(1 + predicted), clipped to [0, 1] (0: the predictions rank nothing; 1: take them at face value)."""
+    p, a = np.log1p(np.asarray(predicted, float)), np.log1p(np.asarray(actual, float))
+    if len(p) != len(a) or len(a) < 2:
+        raise ValueError("predicted and actual must be of one length, at least 2")
+    var = float(np.var(p))
+    if var == 0:
+        return 0.0
+    return float(np.clip(np.cov(p, a, bias=True)[0, 1] / var, 0.0, 1.0))
+
+
 Metric = Callable[[Sequence[float], Sequence[float]], float]
 
 

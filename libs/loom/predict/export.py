@@ -55,13 +55,17 @@ def export(checkpoint: Path, out: Path, method: str = "progressive") -> Path:
     return out
 
 
-def calibrate(onnx_path: Path, first_steps: Sequence[Example]) -> float:
-    """Measure the exported model's error at admission on held-out first steps and record it in its
-    metadata, where the service reads it to weigh the model against a prompt's finished samples."""
+def calibrate(
+    onnx_path: Path, first_steps: Sequence[Example], workloads: Sequence[str] | None = None
+) -> tuple[float, float]:
+    """Measure the exported model at admission on held-out first steps, its error (log sd) and how much of
+    its ranking is real (slope, within each of ``workloads`` where given), and record both in its metadata: the service weighs the model against a
+    prompt's finished samples by the first, and placement trusts its differences by the second."""
     from loom.predict.onnx_model import OnnxRegressor
 
-    sd = OnnxRegressor(onnx_path).admission_error(first_steps)
+    sd, slope = OnnxRegressor(onnx_path).admission_fit(first_steps, workloads)
     meta = json.loads(meta_path(onnx_path).read_text())
     meta["admission_log_sd"] = round(sd, 4)
+    meta["admission_slope"] = round(slope, 4)
     meta_path(onnx_path).write_text(json.dumps(meta, indent=2))
-    return sd
+    return sd, slope

@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from loom.predict import context
 from loom.predict.dataset import Example
-from loom.predict.evaluate import log_error_sd
+from loom.predict.evaluate import log_error_sd, log_slope
 from loom.tokenizer import qwen_tokenizer
 
 
@@ -44,8 +44,10 @@ class OnnxRegressor:
         self.method = str(meta["method"])
         self.pool = int(meta["pool"])
         self.pad_id = int(meta["pad_id"])
-        # Its error at admission on held-out prompts (log sd), where training measured it.
+        # Its error at admission on held-out prompts (log sd) and how much of its ranking is real (the slope
+        # of true on predicted log totals), where training measured them.
         self.admission_log_sd: float | None = meta.get("admission_log_sd")
+        self.admission_slope: float = float(meta.get("admission_slope", 1.0))
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -56,12 +58,25 @@ class OnnxRegressor:
         out = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "features": feats})[0]
         return np.asarray(out, dtype=np.float64)
 
-    def admission_error(self, first_steps: Sequence[Example]) -> float:
-        """Its error at admission (log sd of predicted over actual totals) on the first steps of held-out
-        trajectories, or 0 with fewer than two."""
+    def admission_fit(
+        self, first_steps: Sequence[Example], workloads: Sequence[str] | None = None
+    ) -> tuple[float, float]:
+        """Its error at admission (log sd of predicted over actual totals) and the slope of actual on predicted
+        log totals, on the first steps of held-out trajectories; (0, 1) with fewer than two. With each
+        example's ``workloads`` label, the slope is the mean within workloads, weighted by their examples: a
+        job runs one workload, and telling a search question from a coding task is not ranking either."""
         if len(first_steps) < 2:
-            return 0.0
-        return log_error_sd(self.remaining(first_steps).tolist(), [e.total for e in first_steps])
+            return 0.0, 1.0
+        predicted, actual = self.remaining(first_steps).tolist(), [e.total for e in first_steps]
+        labels = list(workloads) if workloads is not None else [""] * len(actual)
+        slopes, sizes = [], []
+        for w in sorted(set(labels)):
+            idx = [i for i, x in enumerate(labels) if x == w]
+            if len(idx) >= 2:
+                slopes.append(log_slope([predicted[i] for i in idx], [actual[i] for i in idx]))
+                sizes.append(len(idx))
+        slope = float(np.average(slopes, weights=sizes)) if slopes else 1.0
+        return log_error_sd(predicted, actual), slope
 
     def remaining(self, queries: Sequence[context.Windowed]) -> np.ndarray:
         """Predicted remaining completion tokens, one per query, in one batch."""

@@ -480,6 +480,12 @@ class Prediction(Struct):
     remaining_tokens: NonNegF
     total_tokens: NonNegF
     method: str
+    # How far the method's totals stray from the truth (log standard deviation; 0: not measured) and how much
+    # of a difference between two of its totals at admission is real (the slope of true on predicted log
+    # totals; 1: all of it): placement shrinks differences by the slope and treats the rest closer than the
+    # error as ties.
+    log_sd: NonNegF = 0.0
+    slope: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
 
 
 # ---------------------------------------------------------------- reward
