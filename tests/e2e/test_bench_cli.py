@@ -108,6 +108,7 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
         for runs in out[exp].values():
             assert set(runs) == variants and all(r["throughput_tok_s"] > 0 for r in runs.values())
     assert out["predictor"] == "learned" and set(out["learned_keeps_of_oracle_gain"]) == set(out["overall"])
+    assert set(out["prediction_quality"]) == set(out["overall"])
     for by_model in out["overall"].values():
         for cell in by_model.values():  # Loom on exact lengths beside Loom with its learned predictor
             assert cell["oracle"]["throughput_tok_s"] > 0 and set(cell["oracle"]["speedup"]) == set(

@@ -39,7 +39,7 @@ from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.rollout import TOOL_S, learned_budget
+from loom_cli.bench.rollout import TOOL_S, learned_budget, prediction_quality
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -200,6 +200,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, res in zip(order, pool.map(_run_cell, [work[i] for i in order]), strict=True):
             results[work[i][0]] = res
     out = _assemble(plan, layout, results)
+    # How well the learned model ranks each workload's batch (its largest in the plan), with intervals.
+    out["prediction_quality"] = {
+        w: prediction_quality(
+            WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed), learned[w]
+        )
+        for w in WORKLOAD_NAMES
+    }
     out["wall_s"] = round(time.perf_counter() - wall0, 1)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,12 +223,17 @@ def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None)
     """The learned predictor's cross-fitted predictions for each workload's largest batch in the plan (every
     cell's batch is a prefix of it)."""
     budget = learned_budget(plan.quick, minutes, plan.seed)
-    out = {}
-    for w in WORKLOAD_NAMES:
-        sizes = [prompts[c] for c in plan.cells if c.workload == w]
-        most = None if None in sizes else max(s for s in sizes if s is not None)
-        out[w] = cross_fitted(WORKLOADS[w](prompts=most, group_size=GROUP, seed=plan.seed), budget)
-    return out
+    return {
+        w: cross_fitted(
+            WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed), budget
+        )
+        for w in WORKLOAD_NAMES
+    }
+
+
+def _most(plan: Plan, prompts: dict[Cell, int | None], workload: str) -> int | None:
+    sizes = [prompts[c] for c in plan.cells if c.workload == workload]
+    return None if None in sizes else max(s for s in sizes if s is not None)
 
 
 def _subset(learned: Learned, cell: Cell, prompts: int | None, seed: int) -> Learned | None:

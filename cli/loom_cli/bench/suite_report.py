@@ -217,6 +217,19 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
                 f"Share of the oracle's gain over no prediction that the learned model keeps: {kept}.",
                 "",
             ]
+            lines += [
+                "| workload | step | recall of the top 10% (95% CI) | Pearson r (95% CI) |",
+                "|---|---|---|---|",
+            ]
+            for w, q in out.get("prediction_quality", {}).items():
+                for k in ("step0", "step2"):
+                    if k in q:
+                        r, p = q[k]["recall"], q[k]["pearson"]
+                        lines.append(
+                            f"| {w} | {k[4:]} | {r['estimate']} ({r['ci95'][0]} to {r['ci95'][1]}) "
+                            f"| {p['estimate']} ({p['ci95'][0]} to {p['ci95'][1]}) |"
+                        )
+            lines.append("")
     lines += [
         f"![ablations]({images['ablations']})",
         "",
