@@ -55,13 +55,14 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     w1 = await start_worker(services, "w1", max_running=1)  # one at a time: the rest wait in the router
     router = await start_router(services)
     await until(lambda: set(router.workers) == {"w0", "w1"})
-    # The presorted plan: the longest trajectory alone on w0, the three shorter ones on w1.
+    # The presorted plan: the longest trajectory on w0, the three shorter ones on w1. w0's group has room
+    # for two, so that the two moves below fit (a move never fills a worker past its group size).
     plan = Placement(
         JOB,
         {"ta": "w0", "tb": "w1", "tc": "w1", "td": "w1"},
         predicted={"ta": 9000, "tb": 3000, "tc": 2000, "td": 1000},
         groups=["w0", "w1"],
-        sizes=[1, 3],
+        sizes=[2, 2],
     )
     await _store_job_and_plan(nc, plan)
     client = GenClient(nc, lease_s=1.0)
