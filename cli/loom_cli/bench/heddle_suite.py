@@ -188,9 +188,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     drawn |= set(layout["resources"]["search"].values())
     jobs = args.jobs or max(1, min(len(plan.cells), os.cpu_count() or 1))
     prompts = {c: prompts_for(c.workload, c.model, c.gpus, plan.quick) for c in plan.cells}
-    learned = _learned(plan, prompts, args.predictor_minutes)
+    # Every cell's batch is a prefix of its workload's largest in the plan: one cross-fitting covers them all.
+    largest = {
+        w: WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed)
+        for w in WORKLOAD_NAMES
+    }
+    budget = learned_budget(plan.quick, args.predictor_minutes, plan.seed)
+    learned = {w: cross_fitted(workload, budget) for w, workload in largest.items()}
     work = [
-        (c, prompts[c], plan.seed, c in drawn, _subset(learned[c.workload], c, prompts[c], plan.seed))
+        (c, prompts[c], plan.seed, c in drawn, learned[c.workload] if c.predictor == "learned" else None)
         for c in plan.cells
     ]
     # The longest cells first, so that the pool's last minutes are not one straggler.
@@ -201,12 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results[work[i][0]] = res
     out = _assemble(plan, layout, results)
     # How well the learned model ranks each workload's batch (its largest in the plan), with intervals.
-    out["prediction_quality"] = {
-        w: prediction_quality(
-            WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed), learned[w]
-        )
-        for w in WORKLOAD_NAMES
-    }
+    out["prediction_quality"] = {w: prediction_quality(largest[w], learned[w]) for w in WORKLOAD_NAMES}
     out["wall_s"] = round(time.perf_counter() - wall0, 1)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,29 +220,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _learned(plan: Plan, prompts: dict[Cell, int | None], minutes: float | None) -> dict[str, Learned]:
-    """The learned predictor's cross-fitted predictions for each workload's largest batch in the plan (every
-    cell's batch is a prefix of it)."""
-    budget = learned_budget(plan.quick, minutes, plan.seed)
-    return {
-        w: cross_fitted(
-            WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed), budget
-        )
-        for w in WORKLOAD_NAMES
-    }
-
-
 def _most(plan: Plan, prompts: dict[Cell, int | None], workload: str) -> int | None:
     sizes = [prompts[c] for c in plan.cells if c.workload == workload]
     return None if None in sizes else max(s for s in sizes if s is not None)
-
-
-def _subset(learned: Learned, cell: Cell, prompts: int | None, seed: int) -> Learned | None:
-    if cell.predictor != "learned":
-        return None
-    return learned.subset(
-        t.id for t in WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed).trajectories
-    )
 
 
 def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, Any]]) -> dict[str, Any]:

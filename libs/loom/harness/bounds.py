@@ -21,8 +21,9 @@ from loom.workloads.base import Workload, WorkTraj
 
 class Alone:
     """A trajectory alone on one engine of ``perf``: its calls' prefills and decodes (``engine``), and with its
-    tool time (``__call__``), no queueing, no interference. Memoised by calls: the samples of a group
-    replay one recorded run and differ only in their tool times."""
+    tool time (``__call__``), no queueing, no interference. Memoised by calls: samples that replay one
+    recorded run (search and tool-use groups beyond their recorded trials, coding's ``replay`` siblings)
+    differ only in their tool times."""
 
     def __init__(self, perf: PerfModel) -> None:
         self.perf = perf

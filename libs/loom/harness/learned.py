@@ -23,14 +23,13 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from loom import trace_sets
-from loom.predict import context
 from loom.predict.onnx_model import meta_path
 from loom.traces import Trace, prompt_of
 from loom.workloads.base import Workload, WorkTraj
@@ -95,12 +94,11 @@ def _calibrated(path: Path) -> bool:
     return meta.exists() and "admission_slope" in json.loads(meta.read_text())
 
 
-def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> list[Path]:
-    """One exported model per fold (cached): each trained on the prompts outside its fold."""
+def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = None) -> list[Path]:
+    """One exported model per fold, cached in ``root``: each trained on the prompts outside its fold."""
     from loom.predict import dataset, train
     from loom.predict.export import calibrate, export
 
-    root = cache_root() / budget.key()
     paths = [root / f"fold{f}" / "model.onnx" for f in range(budget.folds)]
     if all(_calibrated(p) for p in paths):
         return paths
@@ -127,29 +125,22 @@ def train_folds(budget: Budget, log: Callable[[str], None] | None = None) -> lis
         sd, slope = calibrate(path, first, [workload_of[e.task_id] for e in first])
         say(
             f"learned predictor fold {f + 1}/{budget.folds}: {len(train_set)} examples, best epoch "
-            f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), slope {slope:.2f}, "
-            f"{time.monotonic() - t0:.0f} s"
+            f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), "
+            f"slope {slope:.2f}, {time.monotonic() - t0:.0f} s"
         )
     return paths
 
 
 def _queries(t: WorkTraj, trace: Trace, cache: dict[str, list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """What the service is sent at each of the trajectory's prediction points (0 to n - 1 calls done)."""
-    from loom.tokenizer import qwen_tokenizer
+    """What the service is sent at each of the trajectory's prediction points (0 to n - 1 calls done): its
+    own sequence of recorded actions and observations, with its own calls."""
+    from loom.predict.dataset import prediction_points
 
     origin = t.origin or tuple(range(len(t.steps)))
     actions = [trace.steps[i].action for i in origin]
     observations = [trace.steps[i].observation for i in origin]
-    tok = qwen_tokenizer()
-    out = []
-    generated = 0
-    for k, step in enumerate(t.steps):
-        last = t.steps[k - 1] if k else None
-        ctx_len = last.input_len + last.output_len if last else step.input_len
-        ids = context.encode(tok, trace.task, context.step_pieces(actions, observations, k), cache)
-        out.append((ids, context.features(k, generated, ctx_len)))
-        generated += step.output_len
-    return out
+    points = prediction_points(trace.task, actions, observations, t.calls, cache=cache)
+    return [(ids, features) for _, _, ids, features in points]
 
 
 @dataclass(frozen=True)
@@ -160,9 +151,6 @@ class Learned:
     totals: dict[str, np.ndarray]
     admission_log_sd: float
     admission_slope: float = 1.0  # how much of a difference between two of them is real
-
-    def subset(self, ids: Iterable[str]) -> Learned:
-        return Learned({i: self.totals[i] for i in ids}, self.admission_log_sd, self.admission_slope)
 
 
 @dataclass(frozen=True)
@@ -186,17 +174,18 @@ def cross_fitted(
     missing = [t.id for t in workload.trajectories if not t.trace]
     if missing:
         raise ValueError(f"{len(missing)} trajectories name no recorded trace (e.g. {missing[0]!r})")
-    paths = train_folds(budget, log)
+    root = cache_root() / budget.key()
+    paths = train_folds(budget, root, log)
     metas = [json.loads(meta_path(p).read_text()) for p in paths]
     sd = float(np.mean([m["admission_log_sd"] for m in metas]))
     slope = float(np.mean([m.get("admission_slope", 1.0) for m in metas]))
-    return Learned(_predict(workload, budget, paths), sd, slope)
+    return Learned(_predict(workload, budget, root, paths), sd, slope)
 
 
-def _predict(workload: Workload, budget: Budget, paths: Sequence[Path]) -> dict[str, np.ndarray]:
+def _predict(workload: Workload, budget: Budget, root: Path, paths: Sequence[Path]) -> dict[str, np.ndarray]:
     from loom.predict.onnx_model import OnnxRegressor
 
-    path = cache_root() / budget.key() / f"predictions-{_workload_key(workload)}.npz"
+    path = root / f"predictions-{_workload_key(workload)}.npz"
     if path.exists():
         with np.load(path) as z:
             return {k: z[k] for k in z.files}

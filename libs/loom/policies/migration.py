@@ -10,9 +10,9 @@ Only a prediction that moved by at least ``jump`` (relative) since the trajector
 it: near-tied predictions reshuffle ranks at every step, and without this threshold trajectories would
 ping-pong across group boundaries, paying a KV transfer each time for nothing.
 
-A move only goes to a worker holding no more than its scaled group size. Heddle's rule assumes the predictions that send a
-trajectory to a group also send one of that group's away; with a predictor that errs in one direction for
-many trajectories at once (a learned one's estimates all shrink as trajectories progress), they do not, and
+A move only goes to a worker holding no more than its scaled group size. Heddle's rule assumes the
+predictions that send a trajectory to a group also send one of that group's away; with a predictor that errs
+in one direction for many trajectories at once (a learned one's estimates all shrink as trajectories progress), they do not, and
 the moves piled 145 trajectories onto one degree-1 worker in the harness (coding, Qwen3-14B, 64 GPUs, the
 learned predictor: makespan 10x the bound; 1.67x with this cap, 2.0x letting a worker fill to 1.5x its size).
 """
@@ -69,8 +69,12 @@ class MigrationPlanner:
 
     def capacity(self, worker: str) -> float:
         """The worker's planned group size scaled to the trajectories still active."""
-        scale = self.active / self.n_planned if self.n_planned else 0.0
-        return sum(s for w, s in zip(self.workers, self.sizes, strict=True) if w == worker) * scale
+        return sum(s for w, s in zip(self.workers, self.sizes, strict=True) if w == worker) * self._scale
+
+    @property
+    def _scale(self) -> float:
+        """Active over planned trajectories: the share of each planned group size still in play."""
+        return self.active / self.n_planned if self.n_planned else 0.0
 
     @property
     def active(self) -> int:
@@ -81,8 +85,7 @@ class MigrationPlanner:
 
     def target(self, rank: int) -> str:
         """The worker whose scaled group range contains ``rank`` (0 = longest)."""
-        scale = self.active / self.n_planned if self.n_planned else 0.0
-        edge = 0.0
+        scale, edge = self._scale, 0.0
         for w, s in zip(self.workers, self.sizes, strict=True):
             edge += s * scale
             if rank < edge:

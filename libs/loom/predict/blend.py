@@ -34,9 +34,9 @@ class _Spread:
     ss: float = 0.0
     dof: float = 0.0
 
-    def add(self, squared: float, dof: float = 1.0) -> None:
+    def add(self, squared: float) -> None:
         self.ss += squared
-        self.dof += dof
+        self.dof += 1
 
     @property
     def sd(self) -> float:
@@ -47,7 +47,6 @@ class _Spread:
 class _Prompt:
     n: int = 0
     mean: float = 0.0  # of log totals
-    m2: float = 0.0  # Welford's sum of squared deviations
 
 
 class SiblingBlend:
@@ -68,10 +67,10 @@ class SiblingBlend:
         p.n += 1
         delta = x - p.mean
         p.mean += delta / p.n
-        gained = delta * (x - p.mean)
-        p.m2 += gained
-        if p.n > 1:  # each sample after a prompt's first adds one degree of freedom to the pooled spread
-            self.within.add(gained)
+        if (
+            p.n > 1
+        ):  # Welford: each sample after a prompt's first adds a degree of freedom to the pooled spread
+            self.within.add(delta * (x - p.mean))
 
     def total(self, prompt: str, model_total: float, generated: float) -> float:
         p = self.prompts.get(prompt)

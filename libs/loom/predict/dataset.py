@@ -47,37 +47,46 @@ def split_of(task_id: str, seed: int = 0) -> Split:
     return "val" if u < TRAIN_FRACTION + VAL_FRACTION else "test"
 
 
+def prediction_points(
+    task: str,
+    actions: Sequence[str],
+    observations: Sequence[str],
+    calls: Sequence[tuple[int, int]],
+    steps: Iterable[int] | None = None,
+    cache: dict[str, list[int]] | None = None,
+) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """``(k, generated, window, features)`` at each prediction point k (all of them by default) of a
+    trajectory whose calls were ``calls`` (``(input_len, output_len)`` each): what the service is sent after
+    k calls."""
+    tok = qwen_tokenizer()
+    wanted = set(range(len(calls)) if steps is None else steps)
+    out = []
+    generated = 0
+    for k, (_, output_len) in enumerate(calls):
+        if k in wanted:
+            # What the service is told: the prompt's length at admission, later the last call's prompt and
+            # output; the observation on its way back is not counted yet.
+            ctx_len = sum(calls[k - 1]) if k else calls[0][0]
+            ids = context.encode(tok, task, context.step_pieces(actions, observations, k), cache)
+            out.append((k, generated, ids, context.features(k, generated, ctx_len)))
+        generated += output_len
+    return out
+
+
 def trajectory_examples(
     trace: Trace, steps: Iterable[int] | None = None, cache: dict[str, list[int]] | None = None
 ) -> list[Example]:
     """One example per prediction point of ``trace`` (all of them by default), while tokens remain."""
-    tok = qwen_tokenizer()
-    actions = [s.action for s in trace.steps]
-    observations = [s.observation for s in trace.steps]
+    points = prediction_points(
+        trace.task,
+        [s.action for s in trace.steps],
+        [s.observation for s in trace.steps],
+        [(s.prompt_tokens, s.completion_tokens) for s in trace.steps],
+        steps,
+        cache,
+    )
     total = trace.total_completion_tokens
-    out = []
-    generated = 0
-    wanted = set(range(len(trace.steps)) if steps is None else steps)
-    for k in range(len(trace.steps)):
-        if k in wanted:
-            # What the service is told: the prompt's length at admission, later the last call's prompt and
-            # output; the observation on its way back is not counted yet.
-            last = trace.steps[k - 1] if k else None
-            ctx_len = last.prompt_tokens + last.completion_tokens if last else trace.steps[0].prompt_tokens
-            ids = context.encode(tok, trace.task, context.step_pieces(actions, observations, k), cache)
-            out.append(
-                Example(
-                    prompt_of(trace),
-                    trace.id,
-                    k,
-                    ids,
-                    context.features(k, generated, ctx_len),
-                    generated,
-                    total,
-                )
-            )
-        generated += trace.steps[k].completion_tokens
-    return out
+    return [Example(prompt_of(trace), trace.id, k, ids, f, gen, total) for k, gen, ids, f in points]
 
 
 def build(

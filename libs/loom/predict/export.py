@@ -59,8 +59,9 @@ def calibrate(
     onnx_path: Path, first_steps: Sequence[Example], workloads: Sequence[str] | None = None
 ) -> tuple[float, float]:
     """Measure the exported model at admission on held-out first steps, its error (log sd) and how much of
-    its ranking is real (slope, within each of ``workloads`` where given), and record both in its metadata: the service weighs the model against a
-    prompt's finished samples by the first, and placement trusts its differences by the second."""
+    its ranking is real (slope, within each of ``workloads`` where given), and record both in its metadata:
+    the service weighs the model against a prompt's finished samples by the first, and placement trusts its
+    differences by the second."""
     from loom.predict.onnx_model import OnnxRegressor
 
     sd, slope = OnnxRegressor(onnx_path).admission_fit(first_steps, workloads)
