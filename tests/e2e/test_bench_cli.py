@@ -172,9 +172,12 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
 def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     out = _bench("async", "--quick", "--out", str(tmp_path))
-    assert set(out["step_time_s"]) == {"sync", "one-off", "async-1", "async-2"}
+    assert set(out["step_time_s"]) == {"sync", "one-off", "async-1", "async-2", "async-1-eager"}
     t = out["step_time_s"]
     assert t["async-1"] < t["one-off"] < t["sync"]
+    # RollArt's order (the update at the take) lags the trainer one version more than pushing eagerly.
+    lag = out["models"]["qwen3-8b"]["policy_lag_max"]
+    assert lag["async-1"] == 2 and lag["async-1-eager"] == 1 and lag["one-off"] == 1 and lag["sync"] == 0
     assert out["speedup_vs_sync"] == round(t["sync"] / t["async-1"], 3)
     assert set(out["aborted_fraction"]) == {"1", "2"}
     for r in out["runs"]:

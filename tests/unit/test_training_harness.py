@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from loom.engine.train_perf import TrainStage
@@ -59,6 +60,25 @@ def test_async_never_trains_beyond_its_bound_and_restarts_what_it_aborts(alpha: 
     assert all(s["trajectories"] == 16 for s in r.per_step)
     assert 0.0 <= r.aborted_fraction < 1.0
     assert sum(r.batch_mix.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_updating_at_the_take_lags_the_trainer_by_one_version(alpha: int) -> None:
+    """RollArt's workflow (get_batch, model_update, train_step): the bound counts on the fleet, which is one
+    update behind the trainer after the first step, so data is at most alpha + 1 updates older than the
+    policy trained; pushing each update as soon as it is made keeps it within alpha."""
+    at_take, eager = _run(Mode.asynchronous(alpha), steps=8), _run(Mode.asynchronous(alpha, False), steps=8)
+    assert at_take.staleness_max <= alpha and at_take.policy_lag_max == alpha + 1
+    assert eager.staleness_max <= alpha and eager.policy_lag_max == eager.staleness_max
+    assert eager.mode == f"async-{alpha}-eager"
+    # The step's update sits between the take and training: a step is never shorter than training and sync.
+    gaps = list(np.diff(at_take.step_ends_s))
+    trains = [s["train_s"] for s in at_take.per_step[2:]]
+    assert all(g >= t + at_take.sync_s - 1e-6 for g, t in zip(gaps[1:], trains, strict=False))
+    # The first step has no update to push yet: it trains right after its take.
+    assert at_take.step_ends_s[0] == pytest.approx(
+        at_take.per_step[0]["wait_s"] + at_take.per_step[0]["train_s"]
+    )
 
 
 def test_runs_are_deterministic_and_reject_bad_setups() -> None:

@@ -12,7 +12,13 @@ groups, which start again. Three modes are settings of those rules:
 - ``sync`` (veRL): bound 0, one batch in flight; rollout waits while the batch trains.
 - ``one-off`` (StreamRL): bound 1, one batch in flight: the next batch generates while this one trains.
 - ``async`` (RollArt §5.3): bound alpha, ``1 + alpha`` batches in flight, so the batch is the first groups
-  to finish and long groups land in a later one, up to alpha versions late.
+  to finish and long groups land in a later one, up to alpha versions late. In RollArt's workflow (§4.4:
+  get_batch, suspend, model_update, resume, train_step) the fleet receives the previous update's weights
+  when the trainer takes a batch, not when the update is made: while a batch trains the fleet generates one
+  version behind the trainer, and a group started then may still be taken two batches later. The bound is
+  counted on the fleet's version, as RollArt counts it, so bound alpha trains on data up to alpha + 1
+  updates behind the policy being trained (``policy_lag_max``). ``async-N-eager`` pushes each update as soon
+  as it is made (as veRL and ``loom train`` do): the bound then counts from the trainer's own policy.
 
 A trajectory runs all its calls on one engine (its prefix cache stays there), chosen when it starts: of the
 engines its task's hardware affinity allows, the one with the least predicted work, each trajectory there
@@ -28,7 +34,7 @@ import dataclasses
 import functools
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +74,12 @@ class Mode:
     # their weights land (nothing may generate under old ones), while the near pools already run it.
     # Otherwise every engine pauses until the slowest link has delivered them (veRL's broadcast).
     async_update: bool = False
+    # RollArt §4.4's workflow: get_batch, suspend, model_update (the weights the previous train_step made),
+    # resume, train_step. The fleet moves to new weights when the trainer takes its next batch, so it runs
+    # one version behind the trainer while the batch trains, and the bound, counted on the fleet's version
+    # as RollArt counts it, admits data up to alpha + 1 updates older than the policy being trained.
+    # Otherwise the trainer pushes each update as soon as it is made (veRL, StreamRL, ``loom train``).
+    update_at_take: bool = False
 
     def with_async_update(self) -> Mode:
         return dataclasses.replace(self, name=f"{self.name}+async-update", async_update=True)
@@ -81,10 +93,16 @@ class Mode:
         return Mode("one-off", 1, 1)
 
     @staticmethod
-    def asynchronous(alpha: int) -> Mode:
+    def asynchronous(alpha: int, at_take: bool = True) -> Mode:
+        """RollArt's loop at bound alpha; ``at_take=False`` pushes each update as soon as it is made (the
+        bound then counts from the trainer's own policy: one update stricter than RollArt's)."""
         if alpha < 1:
+            # Updating at the take under bound 0 would also deadlock: nothing may start while the first batch
+            # trains, and with no update made yet the fleet's version cannot move.
             raise ValueError("the asynchronous mode needs a bound of at least 1 (0 is sync)")
-        return Mode(f"async-{alpha}", alpha, 1 + alpha)
+        return Mode(
+            f"async-{alpha}" + ("" if at_take else "-eager"), alpha, 1 + alpha, update_at_take=at_take
+        )
 
 
 @dataclass
@@ -121,7 +139,10 @@ class TrainingResult:
     trained_tokens: float  # mean per step
     batch_mix: dict[str, float]  # share of each task's trajectories in the measured batches
     staleness_mean: float
-    staleness_max: int  # over every trained batch, warm-up included
+    staleness_max: int  # over every trained batch, warm-up included: against the fleet's version
+    # Updates between the policy a batch trains and the one that started its oldest trajectory (the
+    # staleness above plus the trainer's lead), over every trained batch.
+    policy_lag_max: int
     wall_s: float
     per_step: list[dict[str, float]] = field(default_factory=list, repr=False)
 
@@ -135,6 +156,7 @@ class TrainingResult:
             "tail_floor_s": round(self.tail_floor_s, 1),
             "aborted_fraction": round(self.aborted_fraction, 3),
             "staleness_mean": round(self.staleness_mean, 2),
+            "policy_lag_max": self.policy_lag_max,
             "trained_tokens": round(self.trained_tokens),
             "batch_mix": {k: round(v, 3) for k, v in self.batch_mix.items()},
             "wall_s": round(self.wall_s, 2),
@@ -201,6 +223,7 @@ def run_training(
     work = np.zeros(len(engines))  # predicted output tokens of the trajectories on each engine
 
     version, consumed = 0, -1
+    trained = 0  # updates the trainer has made; the fleet serves ``version`` of them
     next_pos = 0
     retry: deque[int] = deque()
     groups: dict[int, _Group] = {}  # started and not yet taken: what back-pressure counts
@@ -310,16 +333,27 @@ def run_training(
                 "tokens": float(sum(contexts)),
                 "staleness": float(np.mean([version - g.start_version for g in batch])),
                 "staleness_max": float(max(version - g.start_version for g in batch)),
+                "lag_max": float(max(trained - g.start_version for g in batch)),
                 "trajectories": float(len(contexts)),
                 "floor_s": max(
                     alone[pool_of[g.engine[j]]](t) for g in batch for j, t in enumerate(g.members)
                 ),
             }
         )
-        refill()
-        sim.call_at(sim.now + train_s, sync)
+        if not mode.update_at_take:
+            refill()
+            sim.call_at(sim.now + train_s, functools.partial(update, finish_step))
+        elif version < trained:
+            update(functools.partial(train_now, train_s))
+        else:
+            train_now(train_s)
 
-    def sync() -> None:
+    def train_now(train_s: float) -> None:
+        refill()
+        sim.call_at(sim.now + train_s, finish_step)
+
+    def update(then: Callable[[], None]) -> None:
+        """Move the fleet to the newest trained weights, then go on with ``then``."""
         for e in near:
             sim.pause(e)
         if far and mode.alpha == 0:
@@ -327,7 +361,7 @@ def run_training(
                 sim.pause(e)
         if far:
             sim.call_at(sim.now + fetch_s, functools.partial(load_far, version + 1))
-        sim.call_at(sim.now + pause_s, commit)
+        sim.call_at(sim.now + pause_s, functools.partial(commit, then))
 
     def load_far(new: int) -> None:
         for e in far:
@@ -339,8 +373,8 @@ def run_training(
             sim.update_weights(e, str(new))
             sim.resume(e)
 
-    def commit() -> None:
-        nonlocal version, trainer_busy, waiting_since
+    def commit(then: Callable[[], None]) -> None:
+        nonlocal version
         version += 1
         for e in near:
             sim.update_weights(e, str(version))
@@ -348,6 +382,11 @@ def run_training(
             drop(g)
         for e in near:
             sim.resume(e)
+        then()
+
+    def finish_step() -> None:
+        nonlocal trainer_busy, waiting_since, trained
+        trained += 1
         ends.append(sim.now)
         trainer_busy = False
         waiting_since = sim.now
@@ -386,6 +425,7 @@ def run_training(
         batch_mix={k: v / total for k, v in sorted(mix.items())},
         staleness_mean=float(np.mean([s["staleness"] for s in measured])) if measured else 0.0,
         staleness_max=int(max((s["staleness_max"] for s in per_step), default=0)),
+        policy_lag_max=int(max((s["lag_max"] for s in per_step), default=0)),
         wall_s=time.perf_counter() - wall0,
         per_step=per_step,
     )
