@@ -16,7 +16,8 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
     path = work.task.data.get("traces_path")
     trace_id = work.task.data["trace_id"]
     trace = load_traces(path)[trace_id]
-    env = ReplayEnv(trace, work.tool_latency, work.seed, work.max_turns, work.max_tokens)
+    siblings = str(work.task.data.get("siblings", "varied"))
+    env = ReplayEnv(trace, work.tool_latency, work.seed, work.max_turns, work.max_tokens, siblings)
     calls = env.calls()
     actions, observations = [c.action for c in calls], [c.observation for c in calls]
     started = ctx.clock.now()

@@ -1,7 +1,10 @@
 """Predictor service: remaining-length estimates on ``loom.v1.predict``.
 
 It serves the learned regressor (ONNX Runtime, micro-batched, with a deadline) when its model file exists,
-its totals refined by the finished samples of the same prompt (``loom.predict.blend``).
+its totals refined by the finished samples of the same prompt (``loom.predict.blend``). When a sample
+finishes, the estimates of its prompt's unfinished samples in the same job move, and the service publishes
+them as priority updates, so a sibling still waiting in a router's queue is re-keyed (and, with migration, may
+move) before it has a tool call of its own to be predicted during.
 Without one, or for a request that carries no context or misses its deadline, it answers with the
 history-based predictor, which learns from every finished trajectory and, after a restart, relearns from
 the result stream's headers. Every fallback is counted by reason and the missing model is logged loudly.
@@ -12,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
 
 from loom import results
+from loom.bus import kv_key
 from loom.predict.batcher import MicroBatcher
 from loom.predict.blend import SiblingBlend
 from loom.predict.history import HistoryPredictor
-from loom.protocol import Prediction, PredictRequest, TrajDone, subjects
+from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajDone, encode, subjects
 from loom.service import Runtime
 from services.predictor.settings import PredictorSettings
 
@@ -33,6 +38,19 @@ UNCALIBRATED_LOG_SD = 1.0
 MAX_ADMITTED = 100_000
 
 
+@dataclass
+class _Latest:
+    """A running trajectory's last model estimate: what its siblings' finishing re-blends."""
+
+    job_id: str
+    traj_id: str
+    task_id: str
+    model_total: float
+    generated: int
+    step: int
+    context_len: int
+
+
 class PredictorService:
     def __init__(self, rt: Runtime, settings: PredictorSettings) -> None:
         self.rt = rt
@@ -41,6 +59,8 @@ class PredictorService:
         self.model: Any = None
         self.blend: SiblingBlend | None = None
         self.admitted: dict[str, float] = {}  # the model's total for each trajectory at admission
+        self.latest: dict[str, _Latest] = {}  # by job.traj, while it runs
+        self.running: dict[tuple[str, str], set[str]] = {}  # (job, task) -> job.traj keys in ``latest``
         self.batcher: MicroBatcher[Any, float] | None = None
         self.unavailable = ""
         m = rt.metrics
@@ -48,6 +68,7 @@ class PredictorService:
         self.m_fallbacks = m.counter("fallbacks_total", "History answers instead of the model", ["reason"])
         self.m_batch = m.histogram("batch_size", "Requests per model call", buckets=BATCH_BUCKETS)
         self.m_batch_s = m.histogram("batch_seconds", "Model call latency")
+        self.m_refreshed = m.counter("sibling_updates_total", "Priority updates after a sibling finished")
         self._load_model()
 
     def _load_model(self) -> None:
@@ -108,10 +129,50 @@ class PredictorService:
 
     async def on_done(self, ev: TrajDone, _msg: Msg) -> None:
         admitted = self.admitted.pop(ev.traj_id, None)
+        key = kv_key(ev.job_id, ev.traj_id)
+        self._forget(key)
         if ev.status == "completed":
             self.history.observe(ev.task_id, ev.output_tokens)
             if self.blend:
                 self.blend.observe(ev.task_id, ev.output_tokens, admitted)
+                await self._refresh_siblings(ev.job_id, ev.task_id)
+
+    async def _refresh_siblings(self, job_id: str, task_id: str) -> None:
+        assert self.blend is not None and self.model is not None
+        for key in sorted(self.running.get((job_id, task_id), ())):
+            t = self.latest[key]
+            total = self.blend.total(task_id, t.model_total, t.generated)
+            upd = PriorityUpdate(
+                job_id,
+                t.traj_id,
+                total,
+                total - t.generated,
+                t.step,
+                context_len=t.context_len,
+                generated_tokens=t.generated,
+                method=self.model.method,
+            )
+            await self.rt.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
+            self.m_refreshed.inc()
+
+    def _remember(self, req: PredictRequest, model_total: float) -> None:
+        key = kv_key(req.job_id, req.traj_id)
+        self.latest[key] = _Latest(
+            req.job_id, req.traj_id, req.task_id, model_total, req.generated_tokens, req.step, req.context_len
+        )
+        self.running.setdefault((req.job_id, req.task_id), set()).add(key)
+        if len(self.latest) > MAX_ADMITTED:  # trajectories that never finished: forget the oldest
+            self._forget(next(iter(self.latest)))
+
+    def _forget(self, key: str) -> None:
+        t = self.latest.pop(key, None)
+        if t is None:
+            return
+        group = self.running.get((t.job_id, t.task_id))
+        if group is not None:
+            group.discard(key)
+            if not group:
+                del self.running[(t.job_id, t.task_id)]
 
     async def on_predict(self, req: PredictRequest, _msg: Msg) -> Prediction:
         if self.batcher is not None:
@@ -122,6 +183,7 @@ class PredictorService:
                     model_total = req.generated_tokens + remaining
                     if req.step == 0:
                         self._admit(req.traj_id, model_total)
+                    self._remember(req, model_total)
                     total = self.blend.total(req.task_id, model_total, req.generated_tokens)
                     return Prediction(
                         req.traj_id,

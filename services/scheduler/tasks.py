@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from loom.envs import registry
+from loom.envs.replay import SIBLINGS
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
 from loom.protocol.messages import BUILTIN_REWARDS
 from loom.traces import Trace, TraceError, load_traces
@@ -35,12 +36,15 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
         raise SpecError(["dataset", "path"], str(e)) from e
     if spec.dataset is not None:
         ids = _window(spec.dataset, list(traces), "traces")
-        return [TaskSpec(id=i, data=_replay_data(traces[i], path)) for i in ids]
+        siblings = spec.dataset.siblings
+        return [TaskSpec(id=i, data={**_replay_data(traces[i], path), "siblings": siblings}) for i in ids]
     out = []
     for n, t in enumerate(spec.tasks):
         tid = t.data.get("trace_id", t.id)
         if not isinstance(tid, str) or tid not in traces:
             raise SpecError(["tasks", n, "data", "trace_id"], f"unknown trace id {tid!r}")
+        if t.data.get("siblings", "varied") not in SIBLINGS:
+            raise SpecError(["tasks", n, "data", "siblings"], f"siblings must be one of {SIBLINGS}")
         out.append(TaskSpec(id=t.id, data={**t.data, **_replay_data(traces[tid], path)}))
     return out
 

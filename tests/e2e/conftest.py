@@ -63,6 +63,9 @@ class LoomUp:
         raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
+NO_MODEL = ("--predictor-minutes", "0")
+
+
 @pytest.fixture(scope="module")
 def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
@@ -71,7 +74,20 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [LOOM, "--home", str(home), "up", "--workers", "2", "--speed", "50", "--port", str(port)],
+            # Training a predictor is test_demo's; these tests need the services, not its minute.
+            [
+                LOOM,
+                "--home",
+                str(home),
+                "up",
+                "--workers",
+                "2",
+                "--speed",
+                "50",
+                "--port",
+                str(port),
+                *NO_MODEL,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -4,6 +4,7 @@ ONNX export, and the service answering over a real nats-server, with and without
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -16,7 +17,16 @@ from nats.aio.client import Client as NATS
 
 from loom.bus import request
 from loom.predict import context
-from loom.protocol import Health, Prediction, PredictRequest, TrajDone, decode, encode, subjects
+from loom.protocol import (
+    Health,
+    Prediction,
+    PredictRequest,
+    PriorityUpdate,
+    TrajDone,
+    decode,
+    encode,
+    subjects,
+)
 from services.predictor.service import PredictorService
 from services.predictor.settings import PredictorSettings
 from tests.conftest import Services, need_shared
@@ -68,13 +78,36 @@ async def test_service_serves_the_model_and_falls_back_to_history(
     # Samples of the same prompt that finish far above the model's estimate pull the next one's up.
     first = PredictRequest("j", "s0", "task", 0, 200, 0, prompt="Fix the bug in the parser")
     alone = await request(nc, subjects.PREDICT, first, Prediction, timeout_s=10)
+    updates = await nc.subscribe(subjects.CONTROL_PRIORITY)
     for i in range(4):
         done = TrajDone("j", f"s{i + 1}", "completed", 1.0, int(alone.total_tokens * 20), 30, task_id="task")
         await nc.publish(subjects.traj_done("j"), encode(done))
     await nc.flush()
+    # Each finished sibling re-blends the samples still running (s0, and t1 of the same task): their new
+    # estimates go out as priority updates, rising with every long sibling.
+    seen: dict[str, list[PriorityUpdate]] = {}
+    for _ in range(8):
+        u = decode((await updates.next_msg(timeout=5)).data, PriorityUpdate)
+        seen.setdefault(u.traj_id, []).append(u)
+    assert set(seen) == {"s0", "t1"} and len(seen["s0"]) == 4
+    rising = [u.priority for u in seen["s0"]]
+    assert all(a < b for a, b in itertools.pairwise(rising)) and rising[-1] > 3 * alone.total_tokens
+    assert seen["s0"][-1].method == "progressive" and seen["s0"][-1].job_id == "j"
+    # A finished trajectory is never refreshed again, and another job's samples refresh nothing here.
+    long = int(alone.total_tokens * 20)
+    for job, traj in (("j", "s0"), ("other-job", "x"), ("j", "s5")):
+        await nc.publish(
+            subjects.traj_done(job), encode(TrajDone(job, traj, "completed", 1.0, long, 9, "task"))
+        )
+    await nc.flush()
+    for _ in range(2):  # s0's and s5's finishing refresh t1 alone
+        assert decode((await updates.next_msg(timeout=5)).data, PriorityUpdate).traj_id == "t1"
+    with pytest.raises(TimeoutError):
+        await updates.next_msg(timeout=0.5)
+    await updates.unsubscribe()
     for _ in range(50):
         reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
-        if decode(reply.data, Health).details["observed"] == 4:
+        if decode(reply.data, Health).details["observed"] == 7:
             break
         await asyncio.sleep(0.05)
     later = await request(

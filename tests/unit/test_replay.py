@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -86,3 +87,22 @@ def test_history_predictor_prefers_same_prompt_then_global() -> None:
     assert p.predict_total("zzz", 0) == 3000
     assert p.predict_remaining("a", 1000) == 3000
     assert p.predict_total("a", 5000) == 10000  # outlived its estimate: heavy tail
+
+
+def test_varied_samples_differ_but_each_is_reproducible() -> None:
+    """A group's samples vary the recorded run (``loom.workloads.siblings``); the same seed gives the same
+    sample, so a retried trajectory replays what it replayed before."""
+    trace = _trace(12, tokens=300)
+    runs = [ReplayEnv(trace, ToolLatency(), seed, 10**4, 10**7, "varied").calls() for seed in range(16)]
+    totals = {sum(c.max_new_tokens for c in calls) for calls in runs}
+    assert len(totals) > 8 and len({len(calls) for calls in runs}) > 2
+    again = ReplayEnv(trace, ToolLatency(), 3, 10**4, 10**7, "varied").calls()
+    assert again == runs[3]
+    for calls in runs:
+        # Each call replays a recorded one and the last is the recorded submission; context only grows.
+        assert calls[-1].last and calls[-1].action == "act11"
+        assert all(a.input_len < b.input_len for a, b in itertools.pairwise(calls))
+        env = ReplayEnv(trace, ToolLatency(), 0, 10**4, 10**7, "varied")
+        assert env.finish_reason(len(env.calls())) == "Submitted"
+    with pytest.raises(ValueError, match="siblings"):
+        ReplayEnv(trace, ToolLatency(), 0, 1, 1, "cloned")

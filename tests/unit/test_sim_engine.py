@@ -180,6 +180,33 @@ def test_admission_follows_priority_then_fifo(priorities: list[float]) -> None:
 
 
 @given(
+    priorities=st.lists(st.sampled_from([-1.0, 0.0, 1.0, 5.0]), min_size=2, max_size=20),
+    changes=st.lists(st.tuples(st.integers(0, 19), st.sampled_from([-2.0, 0.5, 3.0, 9.0])), max_size=10),
+)
+@PROPS
+def test_reprioritized_waiting_requests_take_their_new_place(
+    priorities: list[float], changes: list[tuple[int, float]]
+) -> None:
+    """The router re-keys a waiting request when its estimate moves: admission follows the new priorities
+    (submission order among equals), and a running request is left as it is."""
+    core = SimCore(PERF, 100_000, max_running=1, preempt_threshold=None)
+    core.submit(EngineRequest("blocker", 10, 50), 0.0)
+    core.advance(0.0)
+    for i, priority in enumerate(priorities):
+        core.submit(EngineRequest(f"r{i}", 10, 5, priority=priority), 0.0)
+    core.advance(0.0)  # they have arrived and wait in the queue
+    final = list(priorities)
+    for i, priority in changes:
+        if i < len(final):
+            assert core.reprioritize(f"r{i}", priority)
+            final[i] = priority
+    assert not core.reprioritize("blocker", 100.0) and not core.reprioritize("nobody", 1.0)
+    order = [o.rid for o in drain(core)]
+    expected = sorted(range(len(final)), key=lambda i: (-final[i], i))
+    assert order == ["blocker"] + [f"r{i}" for i in expected]
+
+
+@given(
     ops=st.lists(
         st.one_of(
             request.map(lambda r: ("request", r)),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from loom.protocol import DatasetRef, JobSpec, TaskSpec
+from loom.traces import load_traces
 from services.scheduler.tasks import SpecError, expand, resolve_tasks
 from tests.conftest import need_shared
 
@@ -12,6 +13,9 @@ def test_dataset_resolves_to_trace_tasks_and_expands_into_groups() -> None:
     spec = JobSpec(dataset=DatasetRef(name="swe-replay", offset=3, limit=2), group_size=3)
     tasks = resolve_tasks(spec, None)
     assert len(tasks) == 2 and all(t.data["trace_id"] == t.id for t in tasks)
+    assert all(t.data["siblings"] == "varied" for t in tasks)
+    exact = JobSpec(dataset=DatasetRef(name="swe-replay", limit=1, siblings="replay"))
+    assert resolve_tasks(exact, None)[0].data["siblings"] == "replay"
     spec.tasks = tasks
     works = expand("job-x", spec)
     assert [w.traj_id for w in works] == [f"t0000{g}-s00{s}" for g in range(2) for s in range(3)]
@@ -35,6 +39,10 @@ def test_invalid_specs_name_the_field() -> None:
     with pytest.raises(SpecError) as e:
         resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay"), reward="nonsense"), None)
     assert e.value.loc == ["reward"] and "module:function" in str(e.value)
+    first = next(iter(load_traces()))
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(tasks=[TaskSpec(id="a", data={"trace_id": first, "siblings": "cloned"})]), None)
+    assert e.value.loc == ["tasks", 0, "data", "siblings"]
 
 
 def test_reward_tenant_and_params_reach_the_trajectories() -> None:

@@ -22,6 +22,7 @@ sequences recompute their context before decoding on, each at the prefill cost o
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import Literal
@@ -203,6 +204,18 @@ class SimCore:
         heapq.heappush(self._arrivals, (arrival, s.seq, req.rid))
         self._waiting += 1
         self._chunk = None
+
+    def reprioritize(self, rid: str, priority: float) -> bool:
+        """A waiting request's new priority (the router re-keys its admission queue when a prediction
+        changes; a running request keeps its place). Whether the request was waiting."""
+        s = self._reqs.get(rid)
+        if s is None or s.state != _WAITING or s.req.priority == priority:
+            return s is not None and s.state == _WAITING
+        s.req = dataclasses.replace(s.req, priority=priority)
+        if s.mark <= self._now:  # arrived: it waits in the queue (one still arriving enters it re-keyed)
+            heapq.heappush(self._queue, (-priority, s.seq, rid))
+        self._chunk = None
+        return True
 
     def abort(self, rid: str, now: float) -> EngineOutput | None:
         """Abort a waiting or running request, freeing its KV; its output, or None if it is not in flight."""
@@ -638,9 +651,10 @@ class SimCore:
 
     def _queue_head(self) -> _Seq | None:
         while self._queue:
-            _, seq, rid = self._queue[0]
+            neg, seq, rid = self._queue[0]
             s = self._reqs.get(rid)
-            if s is not None and s.seq == seq and s.state == _WAITING:
+            # An entry under an old priority is stale once the request was re-keyed.
+            if s is not None and s.seq == seq and s.state == _WAITING and -neg == s.req.priority:
                 return s
             heapq.heappop(self._queue)
         return None

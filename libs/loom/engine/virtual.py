@@ -65,6 +65,14 @@ class VirtualSim:
         self._on_done[engine].pop(rid)(out)
         return True
 
+    def reprioritize(self, engine: int, rid: str, priority: float) -> bool:
+        """Re-key a request waiting on ``engine`` (see ``SimCore.reprioritize``)."""
+        self._catch_up(engine)
+        if not self.engines[engine].reprioritize(rid, priority):
+            return False
+        self._mark(engine)
+        return True
+
     def pause(self, engine: int) -> None:
         """Stop ``engine``'s iterations (its time stands still for its requests); submissions still queue."""
         self._catch_up(engine)

@@ -274,6 +274,10 @@ def run_rollout(
     finish = [0.0] * n
     last_worker = [0] * n  # where each trajectory ran its last step (routing moves it every step)
     migrations = 0
+    pending: dict[int, tuple[int, str]] = {}  # trajectory -> (worker, rid) of its call in flight
+    siblings: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        siblings.setdefault(t.prompt, []).append(i)
 
     def priority(i: int) -> float:
         if policy.order == "pps":
@@ -299,6 +303,7 @@ def run_rollout(
         req = EngineRequest(
             f"{i}.{k}", st.input_len, st.output_len, prefix_key=str(i), ignore_eos=True, priority=priority(i)
         )
+        pending[i] = (w, req.rid)
         sim.submit(engines[w], req, lambda out: done(i, k, w, out))
 
     def done(i: int, k: int, w: int, out: EngineOutput) -> None:
@@ -310,7 +315,7 @@ def run_rollout(
         on_idle()
 
     def finished_step(i: int, k: int, w: int, out: EngineOutput) -> None:
-        nonlocal migrations, cached
+        nonlocal cached
         inflight[w] -= 1
         generated[i] += out.output_len
         calls[i] += 1
@@ -319,28 +324,44 @@ def run_rollout(
         decode_s[i] += out.decode_s
         cached += out.cached_tokens
         t = trajs[i]
+        pending.pop(i, None)
         if k + 1 == len(t.steps):
             finish[i] = sim.now
             last_worker[i] = w
             sim.end_prefix(engines[w], str(i))
             pred.finished(t)
+            if pred.blend is not None:
+                # A finished sample moves its siblings' estimates (the predictor service publishes them):
+                # their waiting requests are re-keyed and the migration planner sees them.
+                for j in siblings[t.prompt]:
+                    if finish[j] or j == i:
+                        continue
+                    if j in pending and policy.order == "pps":
+                        sim.reprioritize(engines[pending[j][0]], pending[j][1], priority(j))
+                    replan(j)
             if planner is not None:
                 planner.finish(str(i))
             if routing is not None:
                 routing.forget(str(i))
             return
-        if planner is not None:
-            move = planner.update(str(i), pred.total(t, generated[i], calls[i]))
-            if move is not None:
-                dst = names.index(move.dst)
-                sim.migrate_prefix(engines[where[i]], engines[dst], str(i))
-                where[i] = dst
-                planner.moved(str(i), move.dst)
-                migrations += 1
+        replan(i)
         if interaction == "trajectory":
             sim.call_at(sim.now + t.steps[k].env_s, lambda: start_step(i, k + 1))
         else:
             turn.append((i, k))
+
+    def replan(i: int) -> None:
+        """The planner sees the trajectory's new estimate; its next step runs where a move sends it."""
+        nonlocal migrations
+        if planner is None:
+            return
+        move = planner.update(str(i), pred.total(trajs[i], generated[i], calls[i]))
+        if move is not None:
+            dst = names.index(move.dst)
+            sim.migrate_prefix(engines[where[i]], engines[dst], str(i))
+            where[i] = dst
+            planner.moved(str(i), move.dst)
+            migrations += 1
 
     # Batch level: the turn ends when its last generation does, then every environment call runs and the
     # next turn starts when the last of them returns.

@@ -48,6 +48,9 @@ class DatasetRef(Struct, forbid_unknown_fields=True):
     path: str | None = None
     offset: NonNeg = 0
     limit: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    # swe-replay: each sample of a group a variation of the recorded run ("varied", loom.envs.replay), or
+    # the recorded run itself ("replay"). A replay task's data may say the same per task.
+    siblings: Literal["varied", "replay"] = "varied"
 
 
 class ToolLatency(Struct, forbid_unknown_fields=True):
