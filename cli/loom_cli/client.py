@@ -16,8 +16,9 @@ class ApiError(RuntimeError):
 
 
 class LoomClient:
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout)
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self.http.close()

@@ -56,7 +56,7 @@ async def run_demo(
             t_up = time.monotonic()
             health = await gather_health(dep.nats.url, 1.0)
             summary = await asyncio.to_thread(
-                _run_job, dep.api_url, demo_spec(prompts, samples, policy), console
+                _run_job, dep.api_url, dep.api_token, demo_spec(prompts, samples, policy), console
             )
             t_job = time.monotonic()
         finally:
@@ -85,8 +85,8 @@ async def run_demo(
     return 0 if summary["completed"] == summary["trajectories"] else 1
 
 
-def _run_job(api_url: str, spec: dict[str, Any], console: Console) -> dict[str, Any]:
-    client = LoomClient(api_url)
+def _run_job(api_url: str, token: str, spec: dict[str, Any], console: Console) -> dict[str, Any]:
+    client = LoomClient(api_url, token)
     try:
         job = client.submit(spec)
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

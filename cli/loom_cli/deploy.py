@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nats
 
+from loom.auth import home_token
 from loom.natsserver import NatsServer
 from loom.protocol import DecodeError, Health, decode, subjects
 from loom.supervisor import ProcSpec, Supervisor
@@ -25,6 +26,14 @@ STATE_FILE = "state.json"
 
 def default_home() -> Path:
     return Path(os.environ.get("LOOM_HOME", ".loom"))
+
+
+def api_token(home: Path, create: bool = False) -> str:
+    """The admin token the CLI presents: ``LOOM_API_TOKEN``, else the one ``loom up`` keeps in its home."""
+    token = os.environ.get("LOOM_API_TOKEN") or home_token(home, create)
+    if not token:
+        raise SystemExit(f"no API token: set LOOM_API_TOKEN or start Loom with `loom up` ({home} has none)")
+    return token
 
 
 def free_port() -> int:
@@ -49,6 +58,8 @@ class DeployConfig:
     model_path: str | None = None
     # Extra environment for every service (e.g. the data directories a training run reads).
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The REST API's admin token: LOOM_API_TOKEN, else the one kept under ``home`` (made on first start).
+    api_token: str | None = None
 
 
 class Deployment:
@@ -57,6 +68,7 @@ class Deployment:
         self.nats = NatsServer(cfg.home / "nats", port=cfg.nats_port)
         self.sup = Supervisor(cfg.home / "logs", on_change=self._write_state)
         self.api_url = f"http://127.0.0.1:{cfg.api_port}"
+        self.api_token = cfg.api_token or api_token(cfg.home, create=True)
         self.epoch = time.time()
 
     def service_specs(self) -> list[ProcSpec]:
@@ -73,7 +85,7 @@ class Deployment:
             ProcSpec(
                 "scheduler",
                 [*py, "services.scheduler"],
-                {**common, "LOOM_SCHEDULER_PORT": str(self.cfg.api_port)},
+                {**common, "LOOM_SCHEDULER_PORT": str(self.cfg.api_port), "LOOM_API_TOKEN": self.api_token},
             ),
             ProcSpec("router", [*py, "services.router"], common),
             ProcSpec("predictor", [*py, "services.predictor"], common),
@@ -98,6 +110,7 @@ class Deployment:
     async def start(self, wait_s: float = 60.0) -> None:
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         await self.nats.start()
+        self.nats.supervise()
         for spec in self.service_specs():
             await self.sup.start(spec)
         self._write_state()

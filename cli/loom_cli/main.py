@@ -16,12 +16,12 @@ from rich.table import Table
 from loom import logs
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
-from loom_cli.deploy import DeployConfig, Deployment, default_home, gather_health, read_state
+from loom_cli.deploy import DeployConfig, Deployment, api_token, default_home, gather_health, read_state
 
 
 def _api(args: argparse.Namespace) -> LoomClient:
     url = args.api or str(read_state(args.home)["api_url"])
-    return LoomClient(url)
+    return LoomClient(url, api_token(args.home))
 
 
 async def _up(args: argparse.Namespace) -> int:

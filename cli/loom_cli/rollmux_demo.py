@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from loom.auth import new_token
 from loom.natsserver import NatsServer
 from loom.supervisor import ProcSpec, Supervisor
 from loom_cli.bench.rollmux_plots import GanttRow, gantt
@@ -63,9 +64,11 @@ def check_timeline(runs: list[dict[str, Any]], gpus_per_node: int = 8) -> tuple[
     return violations, tails
 
 
-async def _wait_http(url: str, sup: Supervisor, logs: Path, within_s: float = 30.0) -> None:
+async def _wait_http(
+    url: str, headers: dict[str, str], sup: Supervisor, logs: Path, within_s: float = 30.0
+) -> None:
     deadline = time.monotonic() + within_s
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=headers) as http:
         while time.monotonic() < deadline:
             if sup.restarts()["scheduler"]:
                 raise RuntimeError(f"the scheduler crashed at start; see {logs / 'scheduler.log'}")
@@ -85,12 +88,19 @@ async def run_demo(time_scale: float, iterations: int) -> dict[str, Any]:
         url = await server.start()
         port = free_port()
         api = f"http://127.0.0.1:{port}"
-        env = {"LOOM_NATS_URL": url, "LOOM_SCHEDULER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        token = new_token()  # the scheduler's admin token for this run alone
+        headers = {"Authorization": f"Bearer {token}"}
+        env = {
+            "LOOM_NATS_URL": url,
+            "LOOM_SCHEDULER_PORT": str(port),
+            "LOOM_API_TOKEN": token,
+            "PYTHONUNBUFFERED": "1",
+        }
         sup = Supervisor(work / "logs")
         try:
             await sup.start(ProcSpec("scheduler", [sys.executable, "-m", "services.scheduler"], env))
-            await _wait_http(api, sup, work / "logs")
-            async with httpx.AsyncClient() as http:
+            await _wait_http(api, headers, sup, work / "logs")
+            async with httpx.AsyncClient(headers=headers) as http:
                 placements = []
                 for spec in DEMO_JOBS:
                     r = await http.post(f"{api}/v1/rljobs", json=spec)

@@ -215,7 +215,9 @@ async def run_mode(
     result = ModeResult(alpha, 0.0, [])
     try:
         if evaluate:
-            result.eval_first = await asyncio.to_thread(score_heldout, dep.api_url, cfg, console, "before")
+            result.eval_first = await asyncio.to_thread(
+                score_heldout, dep.api_url, dep.api_token, cfg, console, "before"
+            )
         nc = await bus.connect(dep.nats.url, "loom-train")
         torch.manual_seed(cfg.seed)
         trainer = GRPOTrainer(policy.load(ckpt0), GRPOConfig(lr=cfg.lr))
@@ -261,16 +263,18 @@ async def run_mode(
             await stream.close()
             await nc.drain()
         if evaluate:
-            result.eval_last = await asyncio.to_thread(score_heldout, dep.api_url, cfg, console, "after")
+            result.eval_last = await asyncio.to_thread(
+                score_heldout, dep.api_url, dep.api_token, cfg, console, "after"
+            )
     finally:
         await dep.stop()
     return result
 
 
-def score_heldout(api: str, cfg: TrainConfig, console: Console, label: str) -> dict[str, float]:
+def score_heldout(api: str, token: str, cfg: TrainConfig, console: Console, label: str) -> dict[str, float]:
     """Mean reward per held-out task of the policy the fleet serves now, through a Loom job."""
     task = TASKS[cfg.task]
-    client = LoomClient(api)
+    client = LoomClient(api, token)
     try:
         job = client.submit(
             {

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import nats
@@ -76,14 +79,44 @@ def decode_reply(data: bytes, reply_type: type[T]) -> T:
     raise BusError(err.code, err.message)
 
 
-def _stream_configs() -> list[StreamConfig]:
-    common: dict[str, Any] = {"storage": StorageType.FILE, "max_msg_size": MAX_PAYLOAD}
+@dataclass(frozen=True)
+class Retention:
+    """How long and how much the bus keeps (every stream and the per-trajectory KV buckets); from
+    ``LOOM_RETENTION_DAYS`` (14), ``LOOM_RESULTS_MAX_GB`` (4, the result stream) and ``LOOM_QUEUE_MAX_GB``
+    (1, each other stream). JetStream reserves each stream's bytes in its store, so together they must fit
+    the server's file store (8 GB by default). Past its bytes a log stream drops its oldest messages; a work
+    queue refuses new work instead (the publisher fails and retries) rather than dropping queued
+    trajectories."""
+
+    days: float = 14.0
+    results_gb: float = 4.0
+    queue_gb: float = 1.0
+
+    @classmethod
+    def from_env(cls) -> Retention:
+        return cls(
+            float(os.environ.get("LOOM_RETENTION_DAYS", cls.days)),
+            float(os.environ.get("LOOM_RESULTS_MAX_GB", cls.results_gb)),
+            float(os.environ.get("LOOM_QUEUE_MAX_GB", cls.queue_gb)),
+        )
+
+    @property
+    def age_s(self) -> float:
+        return self.days * 24 * 3600.0
+
+
+def _stream_configs(keep: Retention | None = None) -> list[StreamConfig]:
+    keep = keep or Retention.from_env()
+    common: dict[str, Any] = {"storage": StorageType.FILE, "max_msg_size": MAX_PAYLOAD, "max_age": keep.age_s}
+    queue_bytes = int(keep.queue_gb * 2**30)
     return [
         StreamConfig(
             name=subjects.STREAM_TRAJWORK,
             subjects=subjects.STREAM_TRAJWORK_SUBJECTS,
             retention=RetentionPolicy.WORK_QUEUE,
             duplicate_window=600.0,
+            max_bytes=queue_bytes,
+            discard=DiscardPolicy.NEW,
             **common,
         ),
         StreamConfig(
@@ -91,6 +124,8 @@ def _stream_configs() -> list[StreamConfig]:
             subjects=subjects.STREAM_REWARD_SUBJECTS,
             retention=RetentionPolicy.WORK_QUEUE,
             duplicate_window=600.0,
+            max_bytes=queue_bytes,
+            discard=DiscardPolicy.NEW,
             **common,
         ),
         StreamConfig(
@@ -100,6 +135,7 @@ def _stream_configs() -> list[StreamConfig]:
             # Result idempotency: a redelivered reward request republishes under the same Nats-Msg-Id.
             duplicate_window=3600.0,
             discard=DiscardPolicy.OLD,
+            max_bytes=int(keep.results_gb * 2**30),
             allow_direct=True,
             **common,
         ),
@@ -111,7 +147,7 @@ def _stream_configs() -> list[StreamConfig]:
             subjects=subjects.STREAM_SAMPLES_SUBJECTS,
             retention=RetentionPolicy.LIMITS,
             duplicate_window=3600.0,
-            max_age=7 * 24 * 3600.0,
+            max_bytes=queue_bytes,
             allow_direct=True,
             **common,
         ),
@@ -119,7 +155,7 @@ def _stream_configs() -> list[StreamConfig]:
             name=subjects.STREAM_DLQ,
             subjects=subjects.STREAM_DLQ_SUBJECTS,
             retention=RetentionPolicy.LIMITS,
-            max_age=7 * 24 * 3600.0,
+            max_bytes=queue_bytes,
             **common,
         ),
     ]
@@ -136,11 +172,13 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 async def ensure_streams(js: JetStreamContext) -> None:
     """Create Loom's streams and KV buckets; safe to call from every service at every start."""
-    for cfg in _stream_configs():
+    keep = Retention.from_env()
+    for cfg in _stream_configs(keep):
         await ensure_stream(js, cfg)
-    await ensure_kv(js, subjects.KV_JOBS)
-    await ensure_kv(js, subjects.KV_TRAJ)
-    await ensure_kv(js, subjects.KV_GROUPS)
+    # Records of finished work expire with the results they describe.
+    await ensure_kv(js, subjects.KV_JOBS, ttl=keep.age_s)
+    await ensure_kv(js, subjects.KV_TRAJ, ttl=keep.age_s)
+    await ensure_kv(js, subjects.KV_GROUPS, ttl=keep.age_s)
     await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
     await ensure_kv(js, subjects.KV_RLJOBS)
     await ensure_kv(js, subjects.KV_STREAMS)
@@ -151,13 +189,17 @@ async def ensure_kv(
     js: JetStreamContext, bucket: str, ttl: float | None = None, history: int = 1
 ) -> KeyValue:
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except Exception:  # bucket missing: create it (NotFoundError or BucketNotFoundError by version)
         cfg = KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE)
         try:
             return await js.create_key_value(config=cfg)
         except BadRequestError:
             return await js.key_value(bucket)  # another service won the race
+    info = (await kv.status()).stream_info
+    if ttl is not None and info.config.max_age != ttl:  # a changed retention applies at the next start
+        await js.update_stream(config=dataclasses.replace(info.config, max_age=ttl))
+    return kv
 
 
 def kv_key(*parts: str) -> str:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from loom.bus import MAX_PAYLOAD
+
+log = logging.getLogger(__name__)
 
 
 class NatsServerError(RuntimeError):
@@ -36,6 +40,9 @@ class NatsServer:
         self.host = host
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
+        self.restarts = 0
+        self._stopping = False
+        self._watcher: asyncio.Task[None] | None = None
 
     async def start(self, wait_s: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -65,11 +72,35 @@ class NatsServer:
                     client = None
                 if client:
                     self.url = client.replace("0.0.0.0", "127.0.0.1")
+                    self.port = int(self.url.rsplit(":", 1)[1])  # a restart comes back on the same port
                     return self.url
             await asyncio.sleep(0.05)
         raise NatsServerError("nats-server did not report its port in time")
 
+    def supervise(self) -> None:
+        """Restart the server whenever it dies, on the same port and JetStream store, until ``stop``: the
+        services' clients reconnect to it and durable state is where it was."""
+        self._watcher = asyncio.create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        while not self._stopping and self.proc is not None:
+            code = await self.proc.wait()
+            if self._stopping:
+                return
+            self.restarts += 1
+            log.warning("nats-server exited with %s; restarting it (restart %d)", code, self.restarts)
+            await asyncio.sleep(min(5.0, 0.2 * self.restarts))
+            try:
+                await self.start()
+            except NatsServerError as e:
+                log.error("nats-server did not restart: %s", e)
+
     async def stop(self) -> None:
+        self._stopping = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         if self.proc is None or self.proc.returncode is not None:
             return
         self.proc.terminate()

@@ -2,18 +2,26 @@
 
 Idempotency: each result is published with ``Nats-Msg-Id = <job>.<traj>``, and headers carry what
 services need to rebuild their state without decoding whole trajectories (a headers-only scan).
+
+A record that does not decode (or whose headers do not parse) is skipped with a logged error and reported to
+the reader's ``on_bad``: one bad message never hides the results after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from loom.protocol import Trajectory, decode, encode, subjects
+from loom.protocol import DecodeError, Trajectory, decode, encode, subjects
+
+log = logging.getLogger(__name__)
+# Told of each skipped record: its stream sequence and why.
+OnBad = Callable[[int, str], None]
 
 H_TRAJ = "Loom-Traj-Id"
 H_TASK = "Loom-Task-Id"
@@ -66,10 +74,17 @@ async def count_results(js: JetStreamContext, job_id: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
+def _skip(job_id: str, seq: int, why: str, on_bad: OnBad | None) -> None:
+    log.error("result %d of job %s is unreadable and skipped: %s", seq, job_id, why)
+    if on_bad is not None:
+        on_bad(seq, why)
+
+
 async def page_results(
-    js: JetStreamContext, job_id: str, after_seq: int = 0, limit: int = 100
-) -> tuple[list[tuple[int, Trajectory]], int]:
-    """Up to ``limit`` results with stream sequence > ``after_seq``; returns them and the next cursor."""
+    js: JetStreamContext, job_id: str, after_seq: int = 0, limit: int = 100, on_bad: OnBad | None = None
+) -> tuple[list[tuple[int, Trajectory]], int, bool]:
+    """Up to ``limit`` results with stream sequence > ``after_seq``: them, the next cursor (past any record
+    skipped), and whether the stream has nothing after it."""
     out: list[tuple[int, Trajectory]] = []
     seq = after_seq + 1
     subj = subjects.results(job_id)
@@ -77,21 +92,24 @@ async def page_results(
         try:
             m = await js.get_msg(subjects.STREAM_RESULTS, seq=seq, subject=subj, next=True)
         except NotFoundError:
-            break
-        assert m.seq is not None and m.data is not None
-        out.append((m.seq, decode(m.data, Trajectory)))
+            return out, seq - 1, True
+        assert m.seq is not None
         seq = m.seq + 1
-    return out, (out[-1][0] if out else after_seq)
+        try:
+            out.append((m.seq, decode(m.data or b"", Trajectory)))
+        except DecodeError as e:
+            _skip(job_id, m.seq, str(e), on_bad)
+    return out, seq - 1, False
 
 
-async def iter_results(js: JetStreamContext, job_id: str, page: int = 100) -> AsyncIterator[Trajectory]:
-    cursor = 0
-    while True:
-        items, cursor = await page_results(js, job_id, cursor, page)
+async def iter_results(
+    js: JetStreamContext, job_id: str, page: int = 100, on_bad: OnBad | None = None
+) -> AsyncIterator[Trajectory]:
+    cursor, end = 0, False
+    while not end:
+        items, cursor, end = await page_results(js, job_id, cursor, page, on_bad)
         for _, t in items:
             yield t
-        if len(items) < page:
-            return
 
 
 def header_of(subject: str, seq: int, h: dict[str, str]) -> ResultHeader:
@@ -129,7 +147,14 @@ async def scan_headers(js: JetStreamContext, job_id: str = "*") -> list[ResultHe
         while len(out) < total:
             msgs = await sub.fetch(min(1000, total - len(out)), timeout=5)
             for m in msgs:
-                out.append(header_of(m.subject, m.metadata.sequence.stream, m.headers or {}))
+                try:
+                    h = header_of(m.subject, m.metadata.sequence.stream, m.headers or {})
+                    if not h.traj_id:
+                        raise ValueError("no trajectory id")
+                    out.append(h)
+                except ValueError as e:
+                    _skip(job_id, m.metadata.sequence.stream, f"bad headers: {e}", None)
+                    total -= 1
             if msgs and msgs[-1].metadata.num_pending == 0:
                 break
     finally:

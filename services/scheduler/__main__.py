@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from loom import service
+from loom.auth import Tokens
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.service import Runtime
 from services.scheduler.api import build_app
@@ -32,6 +33,8 @@ class _Server(uvicorn.Server):
 class Scheduler:
     def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
         self.settings = settings
+        # Refuse to start without tokens: an open API lets anyone read and cancel every tenant's jobs.
+        self.tokens = Tokens.load(settings.api_token, settings.tokens_file)
         self.jobs = JobManager(rt, settings)
         cluster = ClusterSpec(
             roll_node_mem_gb=settings.rollmux_node_mem_gb,
@@ -54,7 +57,7 @@ class Scheduler:
         await self.jobs.start()
         await self.rljobs.start()
         await self.streams.start()
-        app = build_app(rt, self.jobs, self.rljobs, self.streams)
+        app = build_app(rt, self.jobs, self.rljobs, self.streams, self.tokens)
         server = _Server(
             uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         )

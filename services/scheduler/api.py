@@ -1,9 +1,15 @@
-"""REST edge of the scheduler (FastAPI). Job specs decode strictly with msgspec, the same type as on NATS."""
+"""REST edge of the scheduler (FastAPI). Job specs decode strictly with msgspec, the same type as on NATS.
+
+Every path asks for a bearer token (``loom.auth``): none, or one the scheduler does not know, is a 401,
+logged and counted. A job belongs to the tenant whose token submitted it; another tenant's token finds no
+such job (404), and the admin's sees every job. RL co-scheduling (``/v1/rljobs``) places jobs on the shared
+cluster and is the admin's."""
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -11,14 +17,16 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom import __version__, results
+from loom.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
-from services.scheduler.jobs import JobManager
+from services.scheduler.jobs import JobManager, JobTooLarge, QuotaExceeded
 from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.streams import StreamManager
 from services.scheduler.streams_api import add_stream_routes
 from services.scheduler.tasks import SpecError
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 
@@ -47,6 +55,8 @@ def _decode(body: bytes, typ: type[T]) -> T | JSONResponse:
         return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
     except msgspec.DecodeError as e:
         return _unprocessable(["body"], f"invalid JSON: {e}")
+    except RecursionError:
+        return _unprocessable(["body"], "JSON nested too deeply")
 
 
 def _job_json(job: Job) -> dict[str, Any]:
@@ -56,16 +66,76 @@ def _job_json(job: Job) -> dict[str, Any]:
     return d
 
 
-def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: StreamManager) -> FastAPI:
+def principal(request: Request) -> Principal:
+    """The caller, as the authentication middleware established it."""
+    who: Principal = request.state.principal
+    return who
+
+
+def tenant_of(spec: JobSpec, who: Principal) -> JobSpec | JSONResponse:
+    """The spec as submitted by ``who``: a tenant's job is its own; the admin may submit for anyone."""
+    if who.admin:
+        return spec
+    if spec.tenant not in ("default", who.tenant):
+        return JSONResponse(
+            status_code=403,
+            content={"detail": f"a token of tenant {who.tenant!r} cannot submit for {spec.tenant!r}"},
+        )
+    spec.tenant = who.tenant
+    return spec
+
+
+def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int) -> None:
+    refused = rt.metrics.counter("auth_refused_total", "REST requests refused", ["reason"])
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        token = bearer(request.headers.get("authorization"))
+        who = tokens.who(token)
+        if who is None:
+            reason = "wrong_token" if token else "no_token"
+            refused.labels(reason).inc()
+            client = request.client.host if request.client else "?"
+            log.warning("refused %s %s from %s: %s", request.method, request.url.path, client, reason)
+            return JSONResponse(
+                status_code=401,
+                content={"detail": "a valid bearer token is required"},
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        request.state.principal = who
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > max_body):
+            return JSONResponse(
+                status_code=413, content={"detail": f"request bodies are limited to {max_body} bytes"}
+            )
+        if size is None and "chunked" in request.headers.get("transfer-encoding", "").lower():
+            # A body of unannounced length could be any size: the limit needs its length up front.
+            return JSONResponse(status_code=411, content={"detail": "give the body's Content-Length"})
+        return await call_next(request)
+
+
+def build_app(
+    rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: StreamManager, tokens: Tokens
+) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
+    add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20))
     job_schema = msgspec.json.schema(JobSpec)
+    unreadable = rt.metrics.counter("results_unreadable_total", "Result records skipped as unreadable")
+
+    def bad_result(seq: int, why: str) -> None:
+        unreadable.inc()
+
     rljob_schema = msgspec.json.schema(RLJobSpec)
 
-    def job_or_404(job_id: str) -> Job:
+    def job_or_404(job_id: str, who: Principal) -> Job:
         job = jobs.get(job_id)
-        if job is None:
+        if job is None or not who.owns(job.spec.tenant):
             raise HTTPException(status_code=404, detail=f"unknown job {job_id!r}")
         return job
+
+    def admin_only(who: Principal) -> None:
+        if not who.admin:
+            raise HTTPException(status_code=403, detail="RL co-scheduling is the admin's")
 
     @app.post(
         "/v1/jobs",
@@ -78,19 +148,28 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: Stre
         spec = _decode(await request.body(), JobSpec)
         if isinstance(spec, JSONResponse):
             return spec
+        spec = tenant_of(spec, principal(request))
+        if isinstance(spec, JSONResponse):
+            return spec
         try:
             job = await jobs.submit(spec)
         except SpecError as e:
             return _unprocessable(["body", *e.loc], e.msg)
+        except QuotaExceeded as e:
+            return JSONResponse(status_code=429, content={"detail": str(e)})
+        except JobTooLarge as e:
+            return JSONResponse(status_code=413, content={"detail": str(e)})
         return JSONResponse(status_code=201, content=_job_json(job))
 
     @app.get("/v1/jobs")
-    async def list_jobs() -> dict[str, Any]:
-        return {"jobs": [_job_json(j) for j in sorted(jobs.jobs.values(), key=lambda j: j.created_at)]}
+    async def list_jobs(request: Request) -> dict[str, Any]:
+        who = principal(request)
+        mine = [j for j in jobs.jobs.values() if who.owns(j.spec.tenant)]
+        return {"jobs": [_job_json(j) for j in sorted(mine, key=lambda j: j.created_at)]}
 
     @app.get("/v1/jobs/{job_id}")
-    async def get_job(job_id: str, tasks: bool = False) -> dict[str, Any]:
-        job = job_or_404(job_id)
+    async def get_job(request: Request, job_id: str, tasks: bool = False) -> dict[str, Any]:
+        job = job_or_404(job_id, principal(request))
         return to_builtins(job) if tasks else _job_json(job)
 
     @app.get("/v1/jobs/{job_id}/trajectories", response_model=None)
@@ -101,21 +180,32 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: Stre
         limit: int = Query(100, ge=1, le=1000),
         format: str = Query("json", pattern="^(json|ndjson)$"),
     ) -> Response:
-        job_or_404(job_id)
+        job_or_404(job_id, principal(request))
         if format == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
 
             async def lines() -> AsyncIterator[bytes]:
-                async for t in results.iter_results(rt.js, job_id):
+                async for t in results.iter_results(rt.js, job_id, on_bad=bad_result):
                     yield to_json(t) + b"\n"
 
             return StreamingResponse(lines(), media_type="application/x-ndjson")
-        items, nxt = await results.page_results(rt.js, job_id, cursor, limit)
-        body = {"items": [to_builtins(t) for _, t in items], "next_cursor": nxt, "done": len(items) < limit}
+        skipped: list[int] = []
+
+        def note(seq: int, why: str) -> None:
+            skipped.append(seq)
+            bad_result(seq, why)
+
+        items, nxt, end = await results.page_results(rt.js, job_id, cursor, limit, note)
+        body = {
+            "items": [to_builtins(t) for _, t in items],
+            "next_cursor": nxt,
+            "done": end,
+            "skipped": skipped,  # stream sequences of records that could not be read
+        }
         return JSONResponse(content=body)
 
     @app.delete("/v1/jobs/{job_id}")
-    async def cancel_job(job_id: str) -> dict[str, Any]:
-        job_or_404(job_id)
+    async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
+        job_or_404(job_id, principal(request))
         return _job_json(await jobs.cancel(job_id))
 
     @app.post(
@@ -127,6 +217,7 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: Stre
     )
     async def register_rljob(request: Request) -> JSONResponse:
         """Register an RL job for co-scheduling; the answer is its group, nodes and planned iteration."""
+        admin_only(principal(request))
         spec = _decode(await request.body(), RLJobSpec)
         if isinstance(spec, JSONResponse):
             return spec
@@ -137,7 +228,8 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: Stre
         return JSONResponse(status_code=201, content=to_builtins(placement))
 
     @app.get("/v1/rljobs")
-    async def list_rljobs() -> dict[str, Any]:
+    async def list_rljobs(request: Request) -> dict[str, Any]:
+        admin_only(principal(request))
         return {
             "jobs": [to_builtins(p) for p in rljobs.placements.values()],
             "groups": rljobs.groups(),
@@ -149,20 +241,24 @@ def build_app(rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: Stre
             raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
 
     @app.get("/v1/rljobs/{name}")
-    async def get_rljob(name: str) -> dict[str, Any]:
+    async def get_rljob(request: Request, name: str) -> dict[str, Any]:
+        admin_only(principal(request))
         rljob_or_404(name)
         return to_builtins(rljobs.placements[name])
 
     @app.delete("/v1/rljobs/{name}")
-    async def remove_rljob(name: str) -> dict[str, Any]:
+    async def remove_rljob(request: Request, name: str) -> dict[str, Any]:
+        admin_only(principal(request))
         rljob_or_404(name)
         return to_builtins(await rljobs.remove(name))
 
-    add_stream_routes(app, rt, streams, _decode)
+    add_stream_routes(app, rt, streams, _decode, tenant_of)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": rt.nc.is_connected, "service": "scheduler", "version": __version__, **jobs.health()}
+    @app.get("/healthz", responses={503: {"description": "the scheduler cannot reach NATS"}})
+    async def healthz() -> JSONResponse:
+        ok = rt.nc.is_connected
+        body = {"ok": ok, "service": "scheduler", "version": __version__, **jobs.health()}
+        return JSONResponse(status_code=200 if ok else 503, content=body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

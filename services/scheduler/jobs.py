@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
@@ -33,12 +34,26 @@ from loom.protocol import (
     subjects,
 )
 from loom.service import Runtime
-from loom.workers import read_workers
+from loom.workers import WorkerInfo, read_workers
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import expand, resolve_tasks, samples_per_group
+from services.scheduler.tasks import SpecError, expand, resolve_tasks, samples_per_group
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+class QuotaExceeded(Exception):
+    """The tenant's trajectories in flight would pass its quota (429: try again once some finish)."""
+
+
+class JobTooLarge(Exception):
+    """The job's record does not fit in one bus message (413)."""
+
+
+def _chunks(items: list[T], n: int) -> list[list[T]]:
+    return [items[i : i + n] for i in range(0, len(items), n)]
 
 
 class JobManager:
@@ -50,6 +65,8 @@ class JobManager:
         self.done: dict[str, dict[str, str]] = {}
         self.placement = RoundRobinPlacement()
         self._lock = asyncio.Lock()
+        self._starting: set[str] = set()  # jobs being placed and dispatched
+        self._launching: set[asyncio.Task[None]] = set()
         m = rt.metrics
         self.m_jobs = m.counter("jobs_submitted_total", "Jobs accepted")
         self.m_trajs = m.counter("trajectories_dispatched_total", "Trajectories queued for environments")
@@ -63,6 +80,8 @@ class JobManager:
         self.kv_workers = await self.rt.js.key_value(subjects.KV_WORKERS)
         await self._reload()
         await self.rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self._on_traj_done)
+        # A cancel, wherever it comes from, ends the job's record as cancelled (not "running" for ever).
+        await self.rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self._on_cancel)
 
     async def _reload(self) -> None:
         try:
@@ -105,57 +124,116 @@ class JobManager:
     # ------------------------------------------------------------------ intake
 
     async def submit(self, spec: JobSpec) -> Job:
-        """Validate and store the job, then place and dispatch it (or leave it pending for workers)."""
+        """Validate and store the job; its placement and dispatch run in the background (or wait, pending,
+        for workers), so a large job never holds up other requests."""
         tasks = resolve_tasks(spec, self.settings.traces_path)  # raises SpecError
         spec = msgspec.structs.replace(spec, tasks=tasks)
+        n = len(tasks) * samples_per_group(spec)
+        if n > self.settings.max_job_trajectories:
+            raise SpecError(
+                ["group_size"],
+                f"{n} trajectories ({len(tasks)} tasks x {samples_per_group(spec)} samples): a job may have "
+                f"at most {self.settings.max_job_trajectories}",
+            )
+        in_flight = self.in_flight(spec.tenant)
+        if in_flight + n > self.settings.tenant_max_trajectories:
+            raise QuotaExceeded(
+                f"tenant {spec.tenant!r} has {in_flight} trajectories in flight; {n} more would pass its "
+                f"quota of {self.settings.tenant_max_trajectories}"
+            )
         job_id = f"job-{uuid.uuid4().hex[:12]}"
-        job = Job(
-            id=job_id,
-            spec=spec,
-            state="pending",
-            created_at=self.rt.clock.now(),
-            n_trajectories=len(tasks) * samples_per_group(spec),
-        )
+        job = Job(id=job_id, spec=spec, state="pending", created_at=self.rt.clock.now(), n_trajectories=n)
+        record = encode(job)
+        if len(record) > self.rt.nc.max_payload:
+            raise JobTooLarge(
+                f"the job's record is {len(record)} bytes, over the bus's {self.rt.nc.max_payload}: "
+                "give fewer or shorter tasks"
+            )
         await self._save(job)
         self.done[job_id] = {}
         self.m_jobs.inc()
         log.info("job %s accepted: %d trajectories", job_id, job.n_trajectories)
-        await self._launch(job)
+        task = asyncio.create_task(self._launch(job))
+        self._launching.add(task)
+        task.add_done_callback(self._launching.discard)
         return self.jobs[job_id]
 
+    def in_flight(self, tenant: str) -> int:
+        """Trajectories of the tenant's jobs not yet finished."""
+        return sum(
+            j.n_trajectories - j.completed - j.failed
+            for j in self.jobs.values()
+            if j.spec.tenant == tenant and j.state not in TERMINAL_JOB_STATES and j.kind == "job"
+        )
+
     async def _launch(self, job: Job) -> None:
+        # The lock covers the decision to launch, not the writing: a cancel meanwhile stops the writing.
         async with self._lock:
             job = self.jobs[job.id]
-            if job.state != "pending":
+            if job.state != "pending" or job.id in self._starting:
                 return
             workers = await read_workers(self.kv_workers)
             if not workers:
                 log.info("job %s waits for rollout workers", job.id)
                 return
-            works = expand(job.id, job.spec)
-            placement = await plan(self.rt, job, works, workers, self.placement)
-            for w in works:
-                meta = TrajMeta(
-                    job_id=job.id,
-                    traj_id=w.traj_id,
-                    worker_id=placement.assignments.get(w.traj_id),
-                    predicted_remaining=placement.predicted.get(w.traj_id),
+            self._starting.add(job.id)
+        try:
+            await self._dispatch(job, workers)
+        except Exception:
+            log.exception("job %s could not be launched; the next reconcile retries", job.id)
+        finally:
+            self._starting.discard(job.id)
+
+    def _cancelled(self, job_id: str) -> bool:
+        return self.jobs[job_id].state == "cancelled"
+
+    async def _dispatch(self, job: Job, workers: dict[str, WorkerInfo]) -> None:
+        works = expand(job.id, job.spec)
+        placement = await plan(self.rt, job, works, workers, self.placement)
+        for chunk in _chunks(works, 256):
+            if self._cancelled(job.id):
+                return
+            await asyncio.gather(
+                *(
+                    self.kv_traj.put(
+                        kv_key(job.id, w.traj_id),
+                        encode(
+                            TrajMeta(
+                                job_id=job.id,
+                                traj_id=w.traj_id,
+                                worker_id=placement.assignments.get(w.traj_id),
+                                predicted_remaining=placement.predicted.get(w.traj_id),
+                            )
+                        ),
+                    )
+                    for w in chunk
                 )
-                await self.kv_traj.put(kv_key(job.id, w.traj_id), encode(meta))
-            # Stored for a restarted router, then announced.
-            await self.kv_traj.put(kv_key(job.id, PLAN_KEY), encode(placement))
-            await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(placement))
-            for w in works:
-                # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
-                await self.rt.js.publish(
-                    subjects.traj_work(job.id),
-                    encode(w),
-                    headers={"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)},
+            )
+        # Stored for a restarted router, then announced.
+        await self.kv_traj.put(kv_key(job.id, PLAN_KEY), encode(placement))
+        await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(placement))
+        for chunk in _chunks(works, 256):
+            if self._cancelled(job.id):
+                break
+            # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
+            await asyncio.gather(
+                *(
+                    self.rt.js.publish(
+                        subjects.traj_work(job.id),
+                        encode(w),
+                        headers={"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)},
+                    )
+                    for w in chunk
                 )
+            )
+        async with self._lock:
+            if self._cancelled(job.id):  # what was queued before the cancel's purge saw it goes too
+                await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job.id))
+                return
             self.m_trajs.inc(len(works))
-            job = msgspec.structs.replace(job, state="running", started_at=self.rt.clock.now())
+            job = msgspec.structs.replace(self.jobs[job.id], state="running", started_at=self.rt.clock.now())
             await self._save(job)
-            log.info("job %s running on %d workers", job.id, len(workers))
+        log.info("job %s running on %d workers", job.id, len(workers))
 
     # ------------------------------------------------------------------ progress
 
@@ -185,6 +263,12 @@ class JobManager:
             self.done.pop(job_id, None)
 
     # ------------------------------------------------------------------ cancel
+
+    async def _on_cancel(self, c: CancelJob, _msg: Msg) -> None:
+        job = self.jobs.get(c.job_id)
+        if job is not None and job.kind == "job" and job.state not in TERMINAL_JOB_STATES:
+            log.warning("job %s cancelled on the bus, not through the API", c.job_id)
+            await self.cancel(c.job_id)
 
     async def cancel(self, job_id: str) -> Job:
         async with self._lock:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from loom.settings import LoomSettings
@@ -12,6 +14,16 @@ class SchedulerSettings(LoomSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     traces_path: str | None = None
+    # REST authentication (loom.auth): the admin's bearer token, and a file of tenants' tokens. With neither
+    # the scheduler does not start.
+    api_token: str | None = Field(
+        None, validation_alias=AliasChoices("api_token", "LOOM_API_TOKEN"), repr=False
+    )
+    tokens_file: Path | None = None
+    # Intake limits: trajectories one job may have, trajectories a tenant may have in flight, request bodies.
+    max_job_trajectories: int = Field(100_000, ge=1)
+    tenant_max_trajectories: int = Field(200_000, ge=1)
+    max_body_mb: float = Field(4.0, gt=0)
     # How often pending jobs retry placement and running jobs are recounted (wall seconds).
     reconcile_s: float = 1.0
     # Co-scheduling of RL jobs (RollMux): group size cap, warm-start cost per phase, tail migration point.

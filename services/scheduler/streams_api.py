@@ -40,15 +40,22 @@ def _http(e: StreamError) -> HTTPException:
     return HTTPException(status_code=_STATUS.get(e.code, 400), detail=e.message)
 
 
-def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_body: Any) -> None:
+def add_stream_routes(
+    app: FastAPI, rt: Runtime, streams: StreamManager, decode_body: Any, tenant_of: Any
+) -> None:
+    """``tenant_of`` makes a submitted spec its caller's (``services.scheduler.api``): a stream, like a job,
+    belongs to the tenant that created it, and another tenant finds no such stream."""
     schema = msgspec.json.schema(StreamSpec)
     buffers: dict[str, SampleBuffer] = {}
 
-    def stream_or_404(stream_id: str) -> Any:
+    def stream_or_404(stream_id: str, request: Request) -> Any:
         try:
-            return streams.get(stream_id)
+            st = streams.get(stream_id)
         except StreamError as e:
             raise _http(e) from e
+        if not request.state.principal.owns(st.spec.tenant):
+            raise HTTPException(status_code=404, detail=f"unknown stream {stream_id!r}")
+        return st
 
     @app.post(
         "/v1/streams",
@@ -61,6 +68,9 @@ def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_
         spec = decode_body(await request.body(), StreamSpec)
         if isinstance(spec, JSONResponse):
             return spec
+        spec = tenant_of(spec, request.state.principal)
+        if isinstance(spec, JSONResponse):
+            return spec
         try:
             st = await streams.create(spec)
         except SpecError as e:
@@ -71,35 +81,34 @@ def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_
         return JSONResponse(status_code=201, content=to_builtins(st))
 
     @app.get("/v1/streams")
-    async def list_streams() -> dict[str, Any]:
-        return {
-            "streams": [to_builtins(s) for s in sorted(streams.streams.values(), key=lambda s: s.created_at)]
-        }
+    async def list_streams(request: Request) -> dict[str, Any]:
+        mine = [s for s in streams.streams.values() if request.state.principal.owns(s.spec.tenant)]
+        return {"streams": [to_builtins(s) for s in sorted(mine, key=lambda s: s.created_at)]}
 
     @app.get("/v1/streams/{stream_id}")
-    async def get_stream(stream_id: str) -> dict[str, Any]:
-        return to_builtins(stream_or_404(stream_id))
+    async def get_stream(request: Request, stream_id: str) -> dict[str, Any]:
+        return to_builtins(stream_or_404(stream_id, request))
 
     @app.delete("/v1/streams/{stream_id}")
-    async def cancel_stream(stream_id: str) -> dict[str, Any]:
-        stream_or_404(stream_id)
+    async def cancel_stream(request: Request, stream_id: str) -> dict[str, Any]:
+        stream_or_404(stream_id, request)
         buf = buffers.pop(stream_id, None)
         if buf is not None:
             await buf.close()
         return to_builtins(await streams.cancel(stream_id))
 
     @app.post("/v1/streams/{stream_id}/lease")
-    async def renew_lease(stream_id: str) -> dict[str, Any]:
-        stream_or_404(stream_id)
+    async def renew_lease(request: Request, stream_id: str) -> dict[str, Any]:
+        stream_or_404(stream_id, request)
         try:
             return to_builtins(await streams.renew(stream_id))
         except StreamError as e:
             raise _http(e) from e
 
     @app.post("/v1/streams/{stream_id}/batch")
-    async def get_batch(stream_id: str, q: BatchQuery) -> dict[str, Any]:
+    async def get_batch(request: Request, stream_id: str, q: BatchQuery) -> dict[str, Any]:
         """Blocks until ``n_groups`` groups within the bound are ready (408 after ``timeout_s``)."""
-        stream_or_404(stream_id)
+        stream_or_404(stream_id, request)
 
         async def read() -> Any:
             return streams.get(stream_id)
@@ -133,8 +142,8 @@ def add_stream_routes(app: FastAPI, rt: Runtime, streams: StreamManager, decode_
         }
 
     @app.post("/v1/streams/{stream_id}/weights")
-    async def update_weights(stream_id: str, body: WeightsBody) -> dict[str, Any]:
-        stream_or_404(stream_id)
+    async def update_weights(request: Request, stream_id: str, body: WeightsBody) -> dict[str, Any]:
+        stream_or_404(stream_id, request)
         try:
             res = await streams.update_weights(
                 WeightUpdate(stream_id, body.version, body.path, body.timeout_s, body.async_fetch)

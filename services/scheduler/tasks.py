@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from loom import allowlist
 from loom.envs import registry
 from loom.envs.replay import SIBLINGS
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
@@ -23,10 +26,22 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
         raise SpecError(
             ["reward"], f"unknown reward {spec.reward!r}: one of {BUILTIN_REWARDS} or module:function"
         )
+    if spec.reward is not None and ":" in spec.reward:
+        _allowed(["reward"], allowlist.check_code, spec.reward)
     if spec.tasks and spec.dataset is not None:
         raise SpecError(["dataset"], "give either tasks or dataset, not both")
     if not spec.tasks and spec.dataset is None:
         raise SpecError(["tasks"], "a job needs tasks or a dataset")
+    # Files a client names are read only inside the operator's data directories (loom.allowlist).
+    if spec.dataset is not None and spec.dataset.path:
+        _allowed(["dataset", "path"], allowlist.check_data_file, spec.dataset.path)
+    for n, t in enumerate(spec.tasks):
+        for key in ("path", "traces_path"):
+            value = t.data.get(key)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise SpecError(["tasks", n, "data", key], "a path must be a string")
+                _allowed(["tasks", n, "data", key], allowlist.check_data_file, value)
     if spec.env != "replay":
         return _env_tasks(spec)
     path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces
@@ -47,6 +62,13 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
             raise SpecError(["tasks", n, "data", "siblings"], f"siblings must be one of {SIBLINGS}")
         out.append(TaskSpec(id=t.id, data={**t.data, **_replay_data(traces[tid], path)}))
     return out
+
+
+def _allowed(loc: list[str | int], check: Callable[[str], object], value: str) -> None:
+    try:
+        check(value)
+    except allowlist.NotAllowed as e:
+        raise SpecError(loc, str(e)) from e
 
 
 def _env_tasks(spec: JobSpec) -> list[TaskSpec]:

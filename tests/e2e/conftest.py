@@ -36,6 +36,11 @@ class LoomUp:
             check=False,
         )
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The admin token `loom up` made and keeps in its home, as a request header."""
+        return {"Authorization": f"Bearer {(self.home / 'api_token').read_text().strip()}"}
+
     def state(self) -> dict:  # type: ignore[type-arg]
         return json.loads((self.home / "state.json").read_text())  # type: ignore[no-any-return]
 

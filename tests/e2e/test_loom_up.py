@@ -64,7 +64,7 @@ def _assert_exactly_once(up: LoomUp, tmp_path, job_id: str, n: int) -> None:  # 
 
 
 def test_rest_rejects_bad_input_with_named_fields(loom_up: LoomUp) -> None:
-    api = httpx.Client(base_url=loom_up.api)
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     cases = [
         ({"group_size": 0, "dataset": {"name": "swe-replay"}}, ["body", "group_size"]),
         ({"dataset": {"name": "nope"}}, ["body", "dataset", "name"]),

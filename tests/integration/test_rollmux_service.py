@@ -21,14 +21,14 @@ from loom_cli.deploy import free_port
 from loom_cli.rollmux_demo import DEMO_JOBS, check_timeline
 from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
-from tests.conftest import Services
+from tests.conftest import API_TOKEN, AUTH, Services
 
 
 async def _scheduler(services: Services, port: int) -> str:
-    settings = SchedulerSettings(port=port)
+    settings = SchedulerSettings(port=port, api_token=API_TOKEN)
     await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
     api = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=AUTH) as http:
         for _ in range(100):
             try:
                 if (await http.get(f"{api}/healthz")).status_code == 200:
@@ -41,7 +41,7 @@ async def _scheduler(services: Services, port: int) -> str:
 async def test_register_permits_migration_and_restart(services: Services, nats_url: str) -> None:
     port = free_port()
     api = await _scheduler(services, port)
-    async with httpx.AsyncClient(base_url=api) as http:
+    async with httpx.AsyncClient(base_url=api, headers=AUTH) as http:
         placed = []
         for spec in DEMO_JOBS:
             r = await http.post("/v1/rljobs", json=spec)
@@ -90,7 +90,7 @@ async def test_register_permits_migration_and_restart(services: Services, nats_u
 
     await services.stop("scheduler")  # registrations survive a restart, replayed into the same plan
     api = await _scheduler(services, port)
-    async with httpx.AsyncClient(base_url=api) as http:
+    async with httpx.AsyncClient(base_url=api, headers=AUTH) as http:
         again = (await http.get("/v1/rljobs")).json()
         assert [(j["job"], j["group"], j["rollout_nodes"]) for j in again["jobs"]] == [
             (p["job"], p["group"], p["rollout_nodes"]) for p in placed

@@ -32,7 +32,7 @@ from services.envmgr.manager import EnvManager
 from services.envmgr.settings import EnvmgrSettings
 from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
-from tests.conftest import Services, need_shared
+from tests.conftest import API_TOKEN, AUTH, Services, need_shared
 from tests.integration.helpers import start_router, start_worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +43,12 @@ async def start_scheduler(services: Services, key: str = "scheduler", port: int 
     holder: list[Scheduler] = []
 
     def build(rt: Runtime) -> Scheduler:
-        s = Scheduler(rt, SchedulerSettings(port=port))
+        s = Scheduler(rt, SchedulerSettings(port=port, api_token=API_TOKEN))
         holder.append(s)
         return s
 
-    await services.start(key, "scheduler", SchedulerSettings(port=port, reconcile_s=0.2), build)
+    settings = SchedulerSettings(port=port, reconcile_s=0.2, api_token=API_TOKEN)
+    await services.start(key, "scheduler", settings, build)
     return holder[0]
 
 
@@ -189,7 +190,7 @@ async def test_rest_edge_serves_a_trainer_in_any_language(nc: NATS, services: Se
     port = free_port()
     await stack(services, speed=100.0, port=port)
     body = to_builtins(spec(4, buffer_groups=2, async_bound=1))
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, headers=AUTH) as http:
         for _ in range(50):  # uvicorn comes up beside the service
             with contextlib.suppress(httpx.TransportError):
                 if (await http.get("/healthz")).status_code == 200:

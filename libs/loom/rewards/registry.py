@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loom import allowlist
 from loom.protocol import RewardRequest
 from loom.rewards.code_reward import code_reward
 from loom.rewards.context import RewardContext, RewardError, ground_truth, response_text
@@ -46,6 +47,10 @@ _THREADED = frozenset({"replay", "math"})
 @functools.cache
 def _user_fn(path: str) -> Callable[..., Any]:
     module, _, name = path.partition(":")
+    try:
+        allowlist.check_code(path)  # the scheduler checked too; nothing is imported that was not allowed
+    except allowlist.NotAllowed as e:
+        raise RewardError(str(e)) from e
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:

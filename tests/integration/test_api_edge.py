@@ -1,0 +1,175 @@
+"""The REST edge lets in no one without a token, shows each tenant only its own jobs and streams, and no
+single request hurts everyone (a real scheduler on a real nats-server; tokens from a file and settings)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from nats.aio.client import Client as NATS
+
+from loom.auth import AuthConfigError
+from loom.protocol import CancelJob, encode, subjects
+from loom_cli.deploy import free_port
+from services.scheduler.__main__ import Scheduler
+from services.scheduler.settings import SchedulerSettings
+from tests.conftest import API_TOKEN, AUTH, Services, need_shared
+from tests.integration.helpers import start_worker
+
+TEAM_A, TEAM_B = "team-a-token-0123456789", "team-b-token-0123456789"
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _up(services: Services, tmp_path: Path, **extra: object) -> str:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tenants": {"team-a": [TEAM_A], "team-b": [TEAM_B]}}))
+    port = free_port()
+    settings = SchedulerSettings(port=port, api_token=API_TOKEN, tokens_file=tokens, **extra)
+    await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
+    api = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(headers=AUTH) as http:
+        for _ in range(100):
+            try:
+                if (await http.get(f"{api}/healthz")).status_code == 200:
+                    return api
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+    raise AssertionError("the scheduler's API did not come up")
+
+
+async def test_no_token_no_entry_and_tenants_see_only_their_own(services: Services, tmp_path: Path) -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    api = await _up(services, tmp_path)
+    job = {"dataset": {"name": "swe-replay", "limit": 1}, "group_size": 2}
+    async with httpx.AsyncClient(base_url=api) as http:
+        # Finding 1: nothing answers without a valid token, the docs and metrics included.
+        for path in ("/v1/jobs", "/docs", "/openapi.json", "/metrics", "/healthz", "/v1/streams"):
+            r = await http.get(path)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
+            assert (await http.get(path, headers=_bearer("not-a-token-at-all-x"))).status_code == 401
+        assert (await http.post("/v1/jobs", json=job)).status_code == 401
+        assert (await http.get("/v1/jobs", headers={"Authorization": f"Basic {TEAM_A}"})).status_code == 401
+
+        r = await http.post("/v1/jobs", json=job, headers=_bearer(TEAM_A))
+        assert r.status_code == 201, r.text
+        mine = r.json()
+        assert mine["spec"]["tenant"] == "team-a"
+        # A tenant cannot submit in another's name; the admin can.
+        forged = await http.post("/v1/jobs", json={**job, "tenant": "team-b"}, headers=_bearer(TEAM_A))
+        assert forged.status_code == 403
+        theirs = await http.post("/v1/jobs", json={**job, "tenant": "team-b"}, headers=AUTH)
+        assert theirs.status_code == 201 and theirs.json()["spec"]["tenant"] == "team-b"
+
+        # Cross-tenant reads and cancels find nothing; the owner and the admin find the job.
+        for method, path in (
+            ("GET", f"/v1/jobs/{mine['id']}"),
+            ("GET", f"/v1/jobs/{mine['id']}/trajectories"),
+            ("DELETE", f"/v1/jobs/{mine['id']}"),
+        ):
+            assert (await http.request(method, path, headers=_bearer(TEAM_B))).status_code == 404
+        listed_b = (await http.get("/v1/jobs", headers=_bearer(TEAM_B))).json()["jobs"]
+        assert [j["id"] for j in listed_b] == [theirs.json()["id"]]
+        listed_admin = (await http.get("/v1/jobs", headers=AUTH)).json()["jobs"]
+        assert {j["id"] for j in listed_admin} == {mine["id"], theirs.json()["id"]}
+        assert (await http.get(f"/v1/jobs/{mine['id']}", headers=_bearer(TEAM_A))).status_code == 200
+        assert (await http.delete(f"/v1/jobs/{mine['id']}", headers=AUTH)).json()["state"] == "cancelled"
+
+        # Co-scheduling places jobs on the shared cluster: the admin's alone.
+        assert (await http.get("/v1/rljobs", headers=_bearer(TEAM_A))).status_code == 403
+        assert (await http.get("/v1/rljobs", headers=AUTH)).status_code == 200
+
+        # Each refusal is counted by reason.
+        metrics = (await http.get("/metrics", headers=AUTH)).text
+        counts = {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("loom_scheduler_auth_refused_total{")
+        }
+        assert counts == {"no_token": 8.0, "wrong_token": 6.0}
+
+
+def test_no_tokens_configured_is_refused_at_start(tmp_path: Path) -> None:
+    from loom.auth import Tokens
+
+    with pytest.raises(AuthConfigError, match="no API token configured"):
+        Tokens.load(None, None)
+    bad = tmp_path / "tokens.json"
+    bad.write_text(json.dumps({"tenants": {"team a": ["0123456789abcdefgh"]}}))
+    with pytest.raises(AuthConfigError, match="bad tenant name"):
+        Tokens.load(None, bad)
+    bad.write_text(json.dumps({"tenants": {"a": ["short"]}}))
+    with pytest.raises(AuthConfigError, match="at least 16"):
+        Tokens.load(None, bad)
+    bad.write_text("{not json")
+    with pytest.raises(AuthConfigError, match="cannot read"):
+        Tokens.load(API_TOKEN, bad)
+
+
+async def test_no_single_request_hurts_everyone(services: Services, nc: NATS, tmp_path: Path) -> None:
+    """Findings 2 (a cancel from the bus), 5 (deep nesting, huge bodies), 6 (a huge job blocking intake)."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    api = await _up(services, tmp_path, tenant_max_trajectories=30_000, max_body_mb=1.0)
+    await start_worker(services, "w0")
+    async with httpx.AsyncClient(base_url=api, headers=AUTH, timeout=30) as http:
+        deep = (
+            b'{"dataset": {"name": "swe-replay"}, "reward_params": {"x": ' + b"[" * 100_000 + b"]" * 100_000
+        )
+        r = await http.post("/v1/jobs", content=deep + b"}}", headers={"content-type": "application/json"})
+        assert r.status_code in (413, 422), r.text
+        shallow = b'{"dataset": {"name": "swe-replay"}, "reward_params": {"x": ' + b"[" * 5000 + b"]" * 5000
+        r = await http.post("/v1/jobs", content=shallow + b"}}", headers={"content-type": "application/json"})
+        assert r.status_code in (201, 422), r.text
+        r = await http.post("/v1/jobs", content=b'{"tasks": [' + b'{"id": "x"},' * 200_000 + b'{"id": "y"}]}')
+        assert r.status_code == 413
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b'{"tasks": []}'
+
+        assert (await http.post("/v1/jobs", content=chunks())).status_code == 411
+        small = {"dataset": {"name": "swe-replay", "limit": 1}}
+        assert (await http.post("/v1/jobs", json=small)).status_code == 201
+
+        huge = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 1024}
+        r = await http.post("/v1/jobs", json=huge)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "group_size"]
+        over = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 80}
+        assert (await http.post("/v1/jobs", json=over, headers=_bearer(TEAM_A))).status_code == 429
+
+        # 25,600 trajectories: the POST returns at once and other requests are answered while it launches.
+        big = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 64}
+        clock = asyncio.get_running_loop().time
+        t0 = clock()
+        r = await http.post("/v1/jobs", json=big, headers=_bearer(TEAM_A))
+        assert r.status_code == 201 and clock() - t0 < 5.0
+        job_id = r.json()["id"]
+        t0 = clock()
+        assert (await http.get("/v1/jobs", headers=_bearer(TEAM_B))).status_code == 200
+        assert (await http.post("/v1/jobs", json=small, headers=_bearer(TEAM_B))).status_code == 201
+        assert (await http.delete(f"/v1/jobs/{job_id}")).json()["state"] == "cancelled"
+        assert clock() - t0 < 5.0
+        js = nc.jetstream()
+        for _ in range(300):
+            info = await js.stream_info(subjects.STREAM_TRAJWORK, subjects_filter=subjects.traj_work(job_id))
+            if not sum((info.state.subjects or {}).values()):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the cancelled job's queued work was not purged")
+
+        # A cancel published on the bus ends the job's record as cancelled too.
+        job_id = (await http.post("/v1/jobs", json=small)).json()["id"]
+        await nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(job_id)))
+        for _ in range(100):
+            if (await http.get(f"/v1/jobs/{job_id}")).json()["state"] == "cancelled":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("a bus cancel left the job running")
+        assert (await http.get("/healthz")).json()["ok"] is True
