@@ -15,12 +15,16 @@ from typing import Any, TypeVar
 import msgspec
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 
 from loom import __version__, results
 from loom.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
+from services.scheduler import openapi
 from services.scheduler.jobs import JobManager, JobTooLarge, QuotaExceeded
+from services.scheduler.openapi import answers
 from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.streams import StreamManager
 from services.scheduler.streams_api import add_stream_routes
@@ -50,7 +54,7 @@ def _unprocessable(loc: list[str | int], msg: str) -> JSONResponse:
 def _decode(body: bytes, typ: type[T]) -> T | JSONResponse:
     """A strict decode of a request body, or the 422 that says where it is wrong."""
     try:
-        return from_json(body or b"{}", typ)
+        return from_json(body or b"{}", typ, lax=True)
     except msgspec.ValidationError as e:
         return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
     except msgspec.DecodeError as e:
@@ -114,18 +118,32 @@ def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int) -> None:
         return await call_next(request)
 
 
+def add_allow(app: FastAPI) -> None:
+    """A 405 names every method the path has (Starlette names only those of the first route it matched)."""
+
+    @app.middleware("http")
+    async def allow(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        if response.status_code == 405:
+            methods: set[str] = set()
+            for route in app.routes:
+                if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+                    methods |= route.methods or set()
+            response.headers["Allow"] = ", ".join(sorted(methods))
+        return response
+
+
 def build_app(
     rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: StreamManager, tokens: Tokens
 ) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
+    openapi.install(app)
+    add_allow(app)
     add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20))
-    job_schema = msgspec.json.schema(JobSpec)
     unreadable = rt.metrics.counter("results_unreadable_total", "Result records skipped as unreadable")
 
     def bad_result(seq: int, why: str) -> None:
         unreadable.inc()
-
-    rljob_schema = msgspec.json.schema(RLJobSpec)
 
     def job_or_404(job_id: str, who: Principal) -> Job:
         job = jobs.get(job_id)
@@ -138,11 +156,7 @@ def build_app(
             raise HTTPException(status_code=403, detail="RL co-scheduling is the admin's")
 
     @app.post(
-        "/v1/jobs",
-        status_code=201,
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"application/json": {"schema": job_schema}}}
-        },
+        "/v1/jobs", status_code=201, openapi_extra=openapi.body(JobSpec), responses=answers(403, 422, 429)
     )
     async def submit_job(request: Request) -> JSONResponse:
         spec = _decode(await request.body(), JobSpec)
@@ -167,12 +181,12 @@ def build_app(
         mine = [j for j in jobs.jobs.values() if who.owns(j.spec.tenant)]
         return {"jobs": [_job_json(j) for j in sorted(mine, key=lambda j: j.created_at)]}
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", responses=answers(404, 422))
     async def get_job(request: Request, job_id: str, tasks: bool = False) -> dict[str, Any]:
         job = job_or_404(job_id, principal(request))
         return to_builtins(job) if tasks else _job_json(job)
 
-    @app.get("/v1/jobs/{job_id}/trajectories", response_model=None)
+    @app.get("/v1/jobs/{job_id}/trajectories", response_model=None, responses=answers(404, 422))
     async def get_trajectories(
         request: Request,
         job_id: str,
@@ -203,17 +217,13 @@ def build_app(
         }
         return JSONResponse(content=body)
 
-    @app.delete("/v1/jobs/{job_id}")
+    @app.delete("/v1/jobs/{job_id}", responses=answers(404))
     async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
         job_or_404(job_id, principal(request))
         return _job_json(await jobs.cancel(job_id))
 
     @app.post(
-        "/v1/rljobs",
-        status_code=201,
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"application/json": {"schema": rljob_schema}}}
-        },
+        "/v1/rljobs", status_code=201, openapi_extra=openapi.body(RLJobSpec), responses=answers(403, 409, 422)
     )
     async def register_rljob(request: Request) -> JSONResponse:
         """Register an RL job for co-scheduling; the answer is its group, nodes and planned iteration."""
@@ -227,7 +237,7 @@ def build_app(
             raise HTTPException(status_code=409, detail=str(e)) from e
         return JSONResponse(status_code=201, content=to_builtins(placement))
 
-    @app.get("/v1/rljobs")
+    @app.get("/v1/rljobs", responses=answers(403))
     async def list_rljobs(request: Request) -> dict[str, Any]:
         admin_only(principal(request))
         return {
@@ -240,13 +250,13 @@ def build_app(
         if name not in rljobs.placements:
             raise HTTPException(status_code=404, detail=f"unknown RL job {name!r}")
 
-    @app.get("/v1/rljobs/{name}")
+    @app.get("/v1/rljobs/{name}", responses=answers(403, 404))
     async def get_rljob(request: Request, name: str) -> dict[str, Any]:
         admin_only(principal(request))
         rljob_or_404(name)
         return to_builtins(rljobs.placements[name])
 
-    @app.delete("/v1/rljobs/{name}")
+    @app.delete("/v1/rljobs/{name}", responses=answers(403, 404))
     async def remove_rljob(request: Request, name: str) -> dict[str, Any]:
         admin_only(principal(request))
         rljob_or_404(name)
@@ -254,13 +264,13 @@ def build_app(
 
     add_stream_routes(app, rt, streams, _decode, tenant_of)
 
-    @app.get("/healthz", responses={503: {"description": "the scheduler cannot reach NATS"}})
+    @app.get("/healthz", responses=answers(503))
     async def healthz() -> JSONResponse:
         ok = rt.nc.is_connected
         body = {"ok": ok, "service": "scheduler", "version": __version__, **jobs.health()}
         return JSONResponse(status_code=200 if ok else 503, content=body)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def metrics() -> Response:
         return Response(rt.metrics.exposition(), media_type="text/plain; version=0.0.4")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -17,6 +16,7 @@ from pydantic import BaseModel, Field
 from loom.protocol import BatchTaken, StreamSpec, WeightUpdate, to_builtins
 from loom.service import Runtime
 from loom.trainer.buffer import SampleBuffer, StreamClosed, StreamEnded
+from services.scheduler.openapi import answers, body
 from services.scheduler.streams import StreamError, StreamManager
 from services.scheduler.tasks import SpecError
 
@@ -45,7 +45,6 @@ def add_stream_routes(
 ) -> None:
     """``tenant_of`` makes a submitted spec its caller's (``services.scheduler.api``): a stream, like a job,
     belongs to the tenant that created it, and another tenant finds no such stream."""
-    schema = msgspec.json.schema(StreamSpec)
     buffers: dict[str, SampleBuffer] = {}
 
     def stream_or_404(stream_id: str, request: Request) -> Any:
@@ -57,13 +56,7 @@ def add_stream_routes(
             raise HTTPException(status_code=404, detail=f"unknown stream {stream_id!r}")
         return st
 
-    @app.post(
-        "/v1/streams",
-        status_code=201,
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
-        },
-    )
+    @app.post("/v1/streams", status_code=201, openapi_extra=body(StreamSpec), responses=answers(403, 422))
     async def create_stream(request: Request) -> JSONResponse:
         spec = decode_body(await request.body(), StreamSpec)
         if isinstance(spec, JSONResponse):
@@ -85,11 +78,11 @@ def add_stream_routes(
         mine = [s for s in streams.streams.values() if request.state.principal.owns(s.spec.tenant)]
         return {"streams": [to_builtins(s) for s in sorted(mine, key=lambda s: s.created_at)]}
 
-    @app.get("/v1/streams/{stream_id}")
+    @app.get("/v1/streams/{stream_id}", responses=answers(404))
     async def get_stream(request: Request, stream_id: str) -> dict[str, Any]:
         return to_builtins(stream_or_404(stream_id, request))
 
-    @app.delete("/v1/streams/{stream_id}")
+    @app.delete("/v1/streams/{stream_id}", responses=answers(404, 410))
     async def cancel_stream(request: Request, stream_id: str) -> dict[str, Any]:
         stream_or_404(stream_id, request)
         buf = buffers.pop(stream_id, None)
@@ -97,7 +90,7 @@ def add_stream_routes(
             await buf.close()
         return to_builtins(await streams.cancel(stream_id))
 
-    @app.post("/v1/streams/{stream_id}/lease")
+    @app.post("/v1/streams/{stream_id}/lease", responses=answers(404, 409, 410))
     async def renew_lease(request: Request, stream_id: str) -> dict[str, Any]:
         stream_or_404(stream_id, request)
         try:
@@ -105,7 +98,7 @@ def add_stream_routes(
         except StreamError as e:
             raise _http(e) from e
 
-    @app.post("/v1/streams/{stream_id}/batch")
+    @app.post("/v1/streams/{stream_id}/batch", responses=answers(404, 408, 410, 422))
     async def get_batch(request: Request, stream_id: str, q: BatchQuery) -> dict[str, Any]:
         """Blocks until ``n_groups`` groups within the bound are ready (408 after ``timeout_s``)."""
         stream_or_404(stream_id, request)
@@ -141,7 +134,7 @@ def add_stream_routes(
             ],
         }
 
-    @app.post("/v1/streams/{stream_id}/weights")
+    @app.post("/v1/streams/{stream_id}/weights", responses=answers(404, 409, 410, 422, 502, 503))
     async def update_weights(request: Request, stream_id: str, body: WeightsBody) -> dict[str, Any]:
         stream_or_404(stream_id, request)
         try:

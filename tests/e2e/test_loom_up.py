@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -14,7 +16,7 @@ import nats
 import pytest
 
 from loom.protocol import DeadLetter, decode, subjects
-from tests.e2e.conftest import LoomUp
+from tests.e2e.conftest import LOOM, LoomUp
 
 
 def _submit(up: LoomUp, tmp_path, spec: dict) -> str:  # type: ignore[no-untyped-def, type-arg]
@@ -134,6 +136,24 @@ def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type:
     assert '"active": 0' in r.stdout  # the environment manager stopped every trajectory
     assert r.stdout.count('"running": 0') == 2  # and both engines aborted their requests
     assert loom_up.cli("cancel", "job-missing").returncode == 2
+
+
+def test_schemathesis_finds_nothing_against_the_running_api(loom_up: LoomUp) -> None:
+    """Every check against the documented API, with the admin token, in the stateless phases. Last but one:
+    the jobs it submits keep the workers busy. The stateful phase is not run yet: its sequences of job,
+    stream and RL-job registrations left the scheduler unresponsive for over 30 s, still to be found."""
+    token = (loom_up.home / "api_token").read_text().strip()
+    cmd = [
+        str(Path(LOOM).parent / "schemathesis"),
+        "--config-file",
+        str(Path(__file__).parent / "schemathesis.toml"),
+    ]
+    cmd += ["run", f"{loom_up.api}/openapi.json", "-H", f"Authorization: Bearer {token}", "--checks", "all"]
+    cmd += ["--max-examples", "30", "--request-timeout", "10", "--seed", "1"]
+    cmd += ["--phases", "examples,coverage,fuzzing"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert "passed" in r.stdout and "failures" not in r.stdout.rsplit("Test cases:", 1)[-1]
 
 
 def test_ctrl_c_stops_everything(loom_up: LoomUp) -> None:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import httpx
+
 from loom.engine.sim import SimEngine
 from loom.service import Runtime
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from services.router.router import Router
 from services.router.settings import RouterSettings
-from tests.conftest import Services
+from services.scheduler.__main__ import Scheduler
+from services.scheduler.settings import SchedulerSettings
+from tests.conftest import AUTH, Services
 
 SPEED = 200.0
 
@@ -46,6 +50,20 @@ async def start_router(services: Services, key: str = "router") -> Router:
 
     await services.start(key, "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build)
     return holder[0]
+
+
+async def start_scheduler_api(services: Services, settings: SchedulerSettings) -> str:
+    """The scheduler in-process with its REST API; returns the API's URL once it answers."""
+    await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
+    api = f"http://127.0.0.1:{settings.port}"
+    async with httpx.AsyncClient(headers=AUTH) as http:
+        for _ in range(100):
+            try:
+                if (await http.get(f"{api}/healthz")).status_code == 200:
+                    return api
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+    raise AssertionError("the scheduler's API did not come up")
 
 
 async def until(cond: Callable[[], bool], within_s: float = 10.0, poll_s: float = 0.05) -> None:

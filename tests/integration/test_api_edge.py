@@ -15,10 +15,9 @@ from nats.aio.client import Client as NATS
 from loom.auth import AuthConfigError
 from loom.protocol import CancelJob, encode, subjects
 from loom_cli.deploy import free_port
-from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
 from tests.conftest import API_TOKEN, AUTH, Services, need_shared
-from tests.integration.helpers import start_worker
+from tests.integration.helpers import start_scheduler_api, start_worker
 
 TEAM_A, TEAM_B = "team-a-token-0123456789", "team-b-token-0123456789"
 
@@ -32,16 +31,7 @@ async def _up(services: Services, tmp_path: Path, **extra: object) -> str:
     tokens.write_text(json.dumps({"tenants": {"team-a": [TEAM_A], "team-b": [TEAM_B]}}))
     port = free_port()
     settings = SchedulerSettings(port=port, api_token=API_TOKEN, tokens_file=tokens, **extra)
-    await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
-    api = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(headers=AUTH) as http:
-        for _ in range(100):
-            try:
-                if (await http.get(f"{api}/healthz")).status_code == 200:
-                    return api
-            except httpx.TransportError:
-                await asyncio.sleep(0.05)
-    raise AssertionError("the scheduler's API did not come up")
+    return await start_scheduler_api(services, settings)
 
 
 async def test_no_token_no_entry_and_tenants_see_only_their_own(services: Services, tmp_path: Path) -> None:
@@ -173,3 +163,36 @@ async def test_no_single_request_hurts_everyone(services: Services, nc: NATS, tm
         else:
             raise AssertionError("a bus cancel left the job running")
         assert (await http.get("/healthz")).json()["ok"] is True
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref" and isinstance(v, str)] + [
+            r for v in node.values() for r in _refs(v)
+        ]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+async def test_openapi_document_resolves_and_names_every_answer(services: Services, tmp_path: Path) -> None:
+    api = await _up(services, tmp_path)
+    async with httpx.AsyncClient(base_url=api, headers=AUTH) as http:
+        doc = (await http.get("/openapi.json")).json()
+    refs = _refs(doc)
+    assert refs and all(r.startswith("#/components/schemas/") for r in refs)
+    schemas = doc["components"]["schemas"]
+    assert all(r.rsplit("/", 1)[1] in schemas for r in refs), sorted(set(refs) - set(schemas))
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert "401" in op["responses"], (method, path)
+    jobs = doc["paths"]["/v1/jobs"]["post"]
+    assert jobs["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/JobSpec"
+    }
+    assert {"201", "401", "403", "411", "413", "422", "429"} <= set(jobs["responses"])
+    assert {"404", "401"} <= set(doc["paths"]["/v1/jobs/{job_id}"]["delete"]["responses"])
+    assert "503" in doc["paths"]["/healthz"]["get"]["responses"]
+    stream = doc["paths"]["/v1/streams"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert stream == {"$ref": "#/components/schemas/StreamSpec"}

@@ -19,23 +19,13 @@ from loom.phases import PhaseClient, PhaseError
 from loom.protocol import TailMigration
 from loom_cli.deploy import free_port
 from loom_cli.rollmux_demo import DEMO_JOBS, check_timeline
-from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
 from tests.conftest import API_TOKEN, AUTH, Services
+from tests.integration.helpers import start_scheduler_api
 
 
 async def _scheduler(services: Services, port: int) -> str:
-    settings = SchedulerSettings(port=port, api_token=API_TOKEN)
-    await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
-    api = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(headers=AUTH) as http:
-        for _ in range(100):
-            try:
-                if (await http.get(f"{api}/healthz")).status_code == 200:
-                    return api
-            except httpx.TransportError:
-                await asyncio.sleep(0.05)
-    raise AssertionError("the scheduler's API did not come up")
+    return await start_scheduler_api(services, SchedulerSettings(port=port, api_token=API_TOKEN))
 
 
 async def test_register_permits_migration_and_restart(services: Services, nats_url: str) -> None:

@@ -37,10 +37,12 @@ def to_json(obj: Any) -> bytes:
     return _json_encoder.encode(obj)
 
 
-def from_json(data: bytes | str, typ: type[T]) -> T:
-    dec = _json_decoders.get(typ)
+def from_json(data: bytes | str, typ: type[T], lax: bool = False) -> T:
+    """``lax``: numbers as JSON Schema reads them (``3.0`` is an integer) and numeric strings, as a REST client
+    generated from the OpenAPI document may send them; the bus stays strict."""
+    dec = _json_decoders.get((typ, lax))
     if dec is None:
-        dec = _json_decoders[typ] = msgspec.json.Decoder(typ)
+        dec = _json_decoders[(typ, lax)] = msgspec.json.Decoder(typ, strict=not lax)
     return dec.decode(data)
 
 
