@@ -56,11 +56,13 @@ from loom.protocol import (
 from loom.service import Runtime
 from loom.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import SpecError, group_works, resolve_tasks
+from services.scheduler.tasks import SpecError, group_works, resolve_tasks, samples_per_group
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("completed", "cancelled", "failed")
+# Groups a stream may keep open: each is an entry of its record, rewritten on every change.
+MAX_OPEN_GROUPS = 4096
 
 
 class StreamError(Exception):
@@ -178,6 +180,14 @@ class StreamManager:
     async def create(self, spec: StreamSpec) -> Stream:
         job_spec = spec.job_spec()
         tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
+        # The record holds every open group and the work queue every sample of them: both stay bounded.
+        in_flight = spec.buffer_groups * samples_per_group(job_spec)
+        if spec.buffer_groups > MAX_OPEN_GROUPS or in_flight > self.settings.max_job_trajectories:
+            raise SpecError(
+                ["buffer_groups"],
+                f"{spec.buffer_groups} groups of {samples_per_group(job_spec)} in flight: a stream may keep at "
+                f"most {MAX_OPEN_GROUPS} groups and {self.settings.max_job_trajectories} trajectories in flight",
+            )
         sid = f"str-{uuid.uuid4().hex[:12]}"
         now = self.rt.clock.now()
         st = Stream(

@@ -138,10 +138,10 @@ def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type:
     assert loom_up.cli("cancel", "job-missing").returncode == 2
 
 
-def test_schemathesis_finds_nothing_against_the_running_api(loom_up: LoomUp) -> None:
-    """Every check against the documented API, with the admin token, in the stateless phases. Last but one:
-    the jobs it submits keep the workers busy. The stateful phase is not run yet: its sequences of job,
-    stream and RL-job registrations left the scheduler unresponsive for over 30 s, still to be found."""
+def test_schemathesis_finds_nothing_against_the_running_api(loom_up: LoomUp, tmp_path: Path) -> None:
+    """Every check and every phase, stateful included, against the documented API with the admin token.
+    Last but one: the jobs it submits keep the workers busy. (Its first run found a stream of 100,000 groups
+    that made the scheduler unresponsive: streams now keep a bounded number in flight.)"""
     token = (loom_up.home / "api_token").read_text().strip()
     cmd = [
         str(Path(LOOM).parent / "schemathesis"),
@@ -150,10 +150,13 @@ def test_schemathesis_finds_nothing_against_the_running_api(loom_up: LoomUp) -> 
     ]
     cmd += ["run", f"{loom_up.api}/openapi.json", "-H", f"Authorization: Bearer {token}", "--checks", "all"]
     cmd += ["--max-examples", "30", "--request-timeout", "10", "--seed", "1"]
-    cmd += ["--phases", "examples,coverage,fuzzing"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout[-6000:]
-    assert "passed" in r.stdout and "failures" not in r.stdout.rsplit("Test cases:", 1)[-1]
+    # Into a file, not a pipe: a process schemathesis leaves behind would hold a pipe open after it exits.
+    log = tmp_path / "schemathesis.log"
+    with log.open("w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=280, check=False)
+    out = log.read_text()
+    assert r.returncode == 0, out[-6000:]
+    assert "passed" in out and "failures" not in out.rsplit("Test cases:", 1)[-1]
 
 
 def test_ctrl_c_stops_everything(loom_up: LoomUp) -> None:

@@ -129,6 +129,10 @@ async def test_no_single_request_hurts_everyone(services: Services, nc: NATS, tm
         huge = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 1024}
         r = await http.post("/v1/jobs", json=huge)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "group_size"]
+        # A stream keeps a bounded number of groups in flight (its record lists them all).
+        for groups, size in ((100_000, 1), (2000, 64)):
+            r = await http.post("/v1/streams", json={**huge, "group_size": size, "buffer_groups": groups})
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "buffer_groups"]
         over = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 80}
         assert (await http.post("/v1/jobs", json=over, headers=_bearer(TEAM_A))).status_code == 429
 
