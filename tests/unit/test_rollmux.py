@@ -15,9 +15,11 @@ from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.group import Group
 from loom.policies.rollmux.intergroup import (
     ISOLATED,
+    MAX_DIRECT,
     CoScheduler,
     RollMux,
     SoloDisaggregation,
+    placements,
 )
 from loom.policies.rollmux.job import RLJob, sample_job
 from loom.policies.rollmux.optimal import optimal_cost
@@ -229,3 +231,20 @@ def test_trace_replay_solo_cost_and_loom_slo() -> None:
         assert loom.timeline[-1][1:] == (0.0, 0, 0)  # every group gone at the end
     g = Group(0, 1, IDEAL)
     assert g.period() == 0.0 and not g.saturated()
+
+
+def test_placement_candidates_stay_few_for_large_jobs() -> None:
+    """GENERATEPLACEMENTS enumerates every direct packing only while they are few: a 100-node job in a group of
+    256 nodes (C(104, 4), some 4.6 million packings among the 104 least loaded) is placed at once."""
+    cluster = ClusterSpec(roll_node_mem_gb=2048.0, train_node_mem_gb=2048.0)
+    state = CoScheduler(cluster, RollMux())
+    state.submit(RLJob("big", "3b", 1000.0, 900.0, 10.0, 256, 2))
+    state.submit(RLJob("wide", "3b", 1000.0, 900.0, 10.0, 44, 2))
+    group = next(iter(state.groups.values()))
+    assert len(group.nodes) == 256
+    job = RLJob("next", "3b", 1000.0, 900.0, 10.0, 100, 2)
+    options = list(placements(group, job))
+    assert len(options) <= MAX_DIRECT + job.roll_nodes + 1
+    assert all(len(nodes) == job.roll_nodes for nodes, _ in options)
+    small = list(placements(group, RLJob("small", "3b", 10.0, 9.0, 10.0, 2, 1)))
+    assert len([o for o in small if o[1] == 0]) == 15  # every packing of 2 among the 6 least loaded

@@ -699,12 +699,12 @@ class RLJobSpec(Struct, forbid_unknown_fields=True):
 
     name: Ident
     model: ModelSize
-    # A phase of at most a year, a cluster of at most 100,000 nodes: what a plan can hold.
+    # A phase of at most a year, pools of at most 256 nodes (2,048 GPUs) each: what a plan can hold.
     rollout_s: Annotated[float, Meta(gt=0, le=3.2e7)]
     train_s: Annotated[float, Meta(gt=0, le=3.2e7)]
     slo: Annotated[float, Meta(ge=1.0, le=1000.0)] = 1.5
-    rollout_nodes: Annotated[int, Meta(ge=1, le=100_000)] = 1
-    train_nodes: Annotated[int, Meta(ge=1, le=100_000)] = 1
+    rollout_nodes: Annotated[int, Meta(ge=1, le=256)] = 1
+    train_nodes: Annotated[int, Meta(ge=1, le=256)] = 1
 
 
 class RLJobRecord(Struct):

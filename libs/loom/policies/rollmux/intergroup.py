@@ -11,6 +11,7 @@ stay open for later jobs. Baselines from the paper's §7.5: solo disaggregation,
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ class CoScheduler:
         )
 
 
+# Direct packings GENERATEPLACEMENTS enumerates at most.
+MAX_DIRECT = 256
+
+
 def _by_load(g: Group) -> list[int]:
     load = {n: sum(g.members[j].job.t_roll for j in js) for n, js in g.nodes.items()}
     return sorted(g.nodes, key=lambda n: (load[n], n))
@@ -104,9 +109,14 @@ def placements(g: Group, job: RLJob) -> Iterator[tuple[tuple[int, ...], int]]:
     """GENERATEPLACEMENTS: (rollout nodes, how many of them are new) for ``job`` in ``g``."""
     r = job.roll_nodes
     ranked = _by_load(g)
-    # Direct packing onto existing nodes: every choice on small pools, the least loaded on big ones.
-    for combo in itertools.combinations(ranked[: r + 4], r):
-        yield tuple(sorted(combo)), 0
+    # Direct packing onto existing nodes: every choice among the r + 4 least loaded while there are few
+    # (C(r + 4, 4) grows as r^4: at r = 540 it was billions, and a registration never returned), else the
+    # r least loaded alone.
+    if math.comb(min(len(ranked), r + 4), r) <= MAX_DIRECT:
+        for combo in itertools.combinations(ranked[: r + 4], r):
+            yield tuple(sorted(combo)), 0
+    elif len(ranked) >= r:
+        yield tuple(sorted(ranked[:r])), 0
     # Rollout scaling: k new nodes, the rest on the least loaded existing ones.
     for k in range(1, r + 1):
         if r - k <= len(ranked):
