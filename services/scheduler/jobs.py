@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
@@ -29,6 +30,7 @@ from loom.protocol import (
     JobSpec,
     TrajDone,
     TrajMeta,
+    TrajWork,
     decode,
     encode,
     subjects,
@@ -187,45 +189,38 @@ class JobManager:
     def _cancelled(self, job_id: str) -> bool:
         return self.jobs[job_id].state == "cancelled"
 
+    async def _write_live(self, job_id: str, items: list[T], write: Callable[[T], Awaitable[object]]) -> bool:
+        """``write`` every item, 256 at a time, until the job is cancelled; whether all were written."""
+        for chunk in _chunks(items, 256):
+            if self._cancelled(job_id):
+                return False
+            await asyncio.gather(*(write(x) for x in chunk))
+        return True
+
     async def _dispatch(self, job: Job, workers: dict[str, WorkerInfo]) -> None:
         works = expand(job.id, job.spec)
         placement = await plan(self.rt, job, works, workers, self.placement)
-        for chunk in _chunks(works, 256):
-            if self._cancelled(job.id):
-                return
-            await asyncio.gather(
-                *(
-                    self.kv_traj.put(
-                        kv_key(job.id, w.traj_id),
-                        encode(
-                            TrajMeta(
-                                job_id=job.id,
-                                traj_id=w.traj_id,
-                                worker_id=placement.assignments.get(w.traj_id),
-                                predicted_remaining=placement.predicted.get(w.traj_id),
-                            )
-                        ),
-                    )
-                    for w in chunk
-                )
+
+        def meta(w: TrajWork) -> Awaitable[object]:
+            record = TrajMeta(
+                job_id=job.id,
+                traj_id=w.traj_id,
+                worker_id=placement.assignments.get(w.traj_id),
+                predicted_remaining=placement.predicted.get(w.traj_id),
             )
+            return self.kv_traj.put(kv_key(job.id, w.traj_id), encode(record))
+
+        def queue(w: TrajWork) -> Awaitable[object]:
+            # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
+            headers = {"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)}
+            return self.rt.js.publish(subjects.traj_work(job.id), encode(w), headers=headers)
+
+        if not await self._write_live(job.id, works, meta):
+            return
         # Stored for a restarted router, then announced.
         await self.kv_traj.put(kv_key(job.id, PLAN_KEY), encode(placement))
         await self.rt.nc.publish(subjects.CONTROL_PLACEMENT, encode(placement))
-        for chunk in _chunks(works, 256):
-            if self._cancelled(job.id):
-                break
-            # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
-            await asyncio.gather(
-                *(
-                    self.rt.js.publish(
-                        subjects.traj_work(job.id),
-                        encode(w),
-                        headers={"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)},
-                    )
-                    for w in chunk
-                )
-            )
+        await self._write_live(job.id, works, queue)
         async with self._lock:
             if self._cancelled(job.id):  # what was queued before the cancel's purge saw it goes too
                 await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job.id))
