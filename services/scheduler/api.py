@@ -1,4 +1,5 @@
-"""REST edge of the scheduler (FastAPI). Job specs decode strictly with msgspec, the same type as on NATS.
+"""REST edge of the scheduler (FastAPI). Job specs decode with msgspec into the same type as on NATS, numbers read
+as JSON Schema reads them.
 
 Every path asks for a bearer token (``loom.auth``): none, or one the scheduler does not know, is a 401,
 logged and counted. A job belongs to the tenant whose token submitted it; another tenant's token finds no
@@ -52,7 +53,8 @@ def _unprocessable(loc: list[str | int], msg: str) -> JSONResponse:
 
 
 def _decode(body: bytes, typ: type[T]) -> T | JSONResponse:
-    """A strict decode of a request body, or the 422 that says where it is wrong."""
+    """A request body decoded against ``typ`` (unknown fields refused; ``3.0`` an integer, as JSON Schema has
+    it), or the 422 that says where it is wrong."""
     try:
         return from_json(body or b"{}", typ, lax=True)
     except msgspec.ValidationError as e:
