@@ -14,6 +14,7 @@ from nats.aio.client import Client as NATS
 
 from loom import bus
 from loom.allowlist import CODE_ALLOW_ENV
+from loom.auth import header
 from loom.natsserver import NatsServer
 from loom.service import Runtime, Service, serve
 from loom.settings import LoomSettings, default_shared_dir
@@ -23,7 +24,7 @@ SHARED = default_shared_dir()
 os.environ.setdefault(CODE_ALLOW_ENV, "tests.integration.reward_fns")
 # The admin token of schedulers the tests start in-process, and the header that presents it.
 API_TOKEN = "test-admin-token-0123456789abcdef"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+AUTH = header(API_TOKEN)
 
 
 def need_shared(rel: str) -> Path:

@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 
+from loom import auth
+
 
 class ApiError(RuntimeError):
     def __init__(self, status: int, detail: Any) -> None:
@@ -17,7 +19,7 @@ class ApiError(RuntimeError):
 
 class LoomClient:
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = auth.header(token) if token else {}
         self.http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:

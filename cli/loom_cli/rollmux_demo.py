@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loom.auth import new_token
+from loom.auth import header, new_token
 from loom.natsserver import NatsServer
 from loom.supervisor import ProcSpec, Supervisor
 from loom_cli.bench.rollmux_plots import GanttRow, gantt
@@ -89,7 +89,7 @@ async def run_demo(time_scale: float, iterations: int) -> dict[str, Any]:
         port = free_port()
         api = f"http://127.0.0.1:{port}"
         token = new_token()  # the scheduler's admin token for this run alone
-        headers = {"Authorization": f"Bearer {token}"}
+        headers = header(token)
         env = {
             "LOOM_NATS_URL": url,
             "LOOM_SCHEDULER_PORT": str(port),

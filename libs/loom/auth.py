@@ -96,6 +96,11 @@ def bearer(header: str | None) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+def header(token: str) -> dict[str, str]:
+    """The request header that presents ``token``."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 def new_token() -> str:
     return secrets.token_urlsafe(32)
 

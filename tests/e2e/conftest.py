@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from loom.auth import header
 from loom_cli.deploy import free_port
 from tests.conftest import need_shared
 
@@ -39,7 +40,7 @@ class LoomUp:
     @property
     def auth(self) -> dict[str, str]:
         """The admin token `loom up` made and keeps in its home, as a request header."""
-        return {"Authorization": f"Bearer {(self.home / 'api_token').read_text().strip()}"}
+        return header((self.home / "api_token").read_text().strip())
 
     def state(self) -> dict:  # type: ignore[type-arg]
         return json.loads((self.home / "state.json").read_text())  # type: ignore[no-any-return]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.auth import AuthConfigError
+from loom.auth import AuthConfigError, header
 from loom.protocol import CancelJob, encode, subjects
 from loom_cli.deploy import free_port
 from services.scheduler.settings import SchedulerSettings
@@ -20,10 +20,6 @@ from tests.conftest import API_TOKEN, AUTH, Services, need_shared
 from tests.integration.helpers import start_scheduler_api, start_worker
 
 TEAM_A, TEAM_B = "team-a-token-0123456789", "team-b-token-0123456789"
-
-
-def _bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def _up(services: Services, tmp_path: Path, **extra: object) -> str:
@@ -43,16 +39,16 @@ async def test_no_token_no_entry_and_tenants_see_only_their_own(services: Servic
         for path in ("/v1/jobs", "/docs", "/openapi.json", "/metrics", "/healthz", "/v1/streams"):
             r = await http.get(path)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
-            assert (await http.get(path, headers=_bearer("not-a-token-at-all-x"))).status_code == 401
+            assert (await http.get(path, headers=header("not-a-token-at-all-x"))).status_code == 401
         assert (await http.post("/v1/jobs", json=job)).status_code == 401
         assert (await http.get("/v1/jobs", headers={"Authorization": f"Basic {TEAM_A}"})).status_code == 401
 
-        r = await http.post("/v1/jobs", json=job, headers=_bearer(TEAM_A))
+        r = await http.post("/v1/jobs", json=job, headers=header(TEAM_A))
         assert r.status_code == 201, r.text
         mine = r.json()
         assert mine["spec"]["tenant"] == "team-a"
         # A tenant cannot submit in another's name; the admin can.
-        forged = await http.post("/v1/jobs", json={**job, "tenant": "team-b"}, headers=_bearer(TEAM_A))
+        forged = await http.post("/v1/jobs", json={**job, "tenant": "team-b"}, headers=header(TEAM_A))
         assert forged.status_code == 403
         theirs = await http.post("/v1/jobs", json={**job, "tenant": "team-b"}, headers=AUTH)
         assert theirs.status_code == 201 and theirs.json()["spec"]["tenant"] == "team-b"
@@ -63,16 +59,16 @@ async def test_no_token_no_entry_and_tenants_see_only_their_own(services: Servic
             ("GET", f"/v1/jobs/{mine['id']}/trajectories"),
             ("DELETE", f"/v1/jobs/{mine['id']}"),
         ):
-            assert (await http.request(method, path, headers=_bearer(TEAM_B))).status_code == 404
-        listed_b = (await http.get("/v1/jobs", headers=_bearer(TEAM_B))).json()["jobs"]
+            assert (await http.request(method, path, headers=header(TEAM_B))).status_code == 404
+        listed_b = (await http.get("/v1/jobs", headers=header(TEAM_B))).json()["jobs"]
         assert [j["id"] for j in listed_b] == [theirs.json()["id"]]
         listed_admin = (await http.get("/v1/jobs", headers=AUTH)).json()["jobs"]
         assert {j["id"] for j in listed_admin} == {mine["id"], theirs.json()["id"]}
-        assert (await http.get(f"/v1/jobs/{mine['id']}", headers=_bearer(TEAM_A))).status_code == 200
+        assert (await http.get(f"/v1/jobs/{mine['id']}", headers=header(TEAM_A))).status_code == 200
         assert (await http.delete(f"/v1/jobs/{mine['id']}", headers=AUTH)).json()["state"] == "cancelled"
 
         # Co-scheduling places jobs on the shared cluster: the admin's alone.
-        assert (await http.get("/v1/rljobs", headers=_bearer(TEAM_A))).status_code == 403
+        assert (await http.get("/v1/rljobs", headers=header(TEAM_A))).status_code == 403
         assert (await http.get("/v1/rljobs", headers=AUTH)).status_code == 200
 
         # Each refusal is counted by reason.
@@ -134,18 +130,18 @@ async def test_no_single_request_hurts_everyone(services: Services, nc: NATS, tm
             r = await http.post("/v1/streams", json={**huge, "group_size": size, "buffer_groups": groups})
             assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "buffer_groups"]
         over = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 80}
-        assert (await http.post("/v1/jobs", json=over, headers=_bearer(TEAM_A))).status_code == 429
+        assert (await http.post("/v1/jobs", json=over, headers=header(TEAM_A))).status_code == 429
 
         # 25,600 trajectories: the POST returns at once and other requests are answered while it launches.
         big = {"dataset": {"name": "swe-replay", "limit": 400}, "group_size": 64}
         clock = asyncio.get_running_loop().time
         t0 = clock()
-        r = await http.post("/v1/jobs", json=big, headers=_bearer(TEAM_A))
+        r = await http.post("/v1/jobs", json=big, headers=header(TEAM_A))
         assert r.status_code == 201 and clock() - t0 < 5.0
         job_id = r.json()["id"]
         t0 = clock()
-        assert (await http.get("/v1/jobs", headers=_bearer(TEAM_B))).status_code == 200
-        assert (await http.post("/v1/jobs", json=small, headers=_bearer(TEAM_B))).status_code == 201
+        assert (await http.get("/v1/jobs", headers=header(TEAM_B))).status_code == 200
+        assert (await http.post("/v1/jobs", json=small, headers=header(TEAM_B))).status_code == 201
         assert (await http.delete(f"/v1/jobs/{job_id}")).json()["state"] == "cancelled"
         assert clock() - t0 < 5.0
         js = nc.jetstream()
