@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.policies.partition import WorkerProfile
+from loom.policies.partition import WorkerProfile, presorted_dp, realised_makespans
 from loom.policies.resources import ResourceProblem, anneal, count_states, exhaustive, fixed
+from loom_cli.bench.workloads import profile, swe_lengths
 
 
 def _profiles(comm: float, contention: float) -> dict[int, WorkerProfile]:
@@ -72,3 +73,65 @@ def test_state_space_and_bad_input() -> None:
         ResourceProblem(np.ones(3), 0, _profiles(0, 0))
     with pytest.raises(ValueError, match="cannot all run"):
         fixed(ResourceProblem(np.ones(3), 12, _profiles(0, 0)), 8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(5, 200),
+    degrees=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
+    contention=st.floats(0.0, 0.05),
+    seed=st.integers(0, 10_000),
+)
+def test_exact_factors_realise_the_partitions_own_makespan(
+    n: int, degrees: list[int], contention: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.lognormal(8, 1.0, n)
+    profiles = _profiles(0.001, contention)
+    workers = [profiles[d] for d in degrees]
+    weights = rng.uniform(0.5, 3, n)
+    prefill = rng.uniform(0, 5000, n)
+    tool = lengths * 0.01  # nonincreasing down the sorted order, as the DP's tail assumes
+    part = presorted_dp(lengths, workers, weights=weights, prefill=prefill, tool=tool)
+    got = realised_makespans(part, workers, lengths, np.ones((3, n)), weights, prefill, tool)
+    np.testing.assert_allclose(got, part.makespan, rtol=1e-9)
+    # Longer actual lengths never finish sooner.
+    longer = realised_makespans(part, workers, lengths, rng.uniform(1, 2, (3, n)), weights, prefill, tool)
+    assert np.all(longer >= part.makespan * (1 - 1e-9))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    gpus=st.sampled_from([8, 16]),
+    log_sd=st.floats(0.1, 1.5),
+    contention=st.floats(0.0, 0.05),
+    seed=st.integers(0, 10_000),
+)
+def test_priced_at_the_prediction_error_annealing_never_loses_to_a_fixed_degree(
+    gpus: int, log_sd: float, contention: float, seed: int
+) -> None:
+    lengths = np.random.default_rng(seed).lognormal(9, 1.2, 120)
+    problem = ResourceProblem(lengths, gpus, _profiles(0.0015, contention), log_sd=log_sd, seed=seed)
+    got = anneal(problem, seed=seed)
+    best = exhaustive(problem)
+    assert best.makespan <= got.makespan
+    for d in (1, 2, 4, 8):
+        assert got.makespan <= fixed(problem, d).makespan
+    # The cost is the mean realised makespan of the DP's placement over the problem's draws.
+    realised = realised_makespans(
+        got.partition, [problem.profiles[d] for d in got.degrees], lengths, problem.factors
+    )
+    assert got.makespan == pytest.approx(realised.mean())
+
+
+def test_an_uninformative_predictor_keeps_the_long_trajectories_off_slow_workers() -> None:
+    """Exactly predicted, the short SWE-bench trajectories go to small workers; predicted with a large
+    error, the annealer prices the long ones it cannot tell apart landing there, and every worker runs at
+    one degree."""
+    lengths = swe_lengths(400, 0)
+    profiles = {d: profile("qwen3-14b", "h100", d, 400) for d in (1, 2, 4, 8)}
+    exact = anneal(ResourceProblem(lengths, 32, profiles), seed=0)
+    assert len(set(exact.degrees)) > 1
+    flat = np.full(400, float(np.median(lengths)))
+    blind = anneal(ResourceProblem(flat, 32, profiles, log_sd=1.0), seed=0)
+    assert len(set(blind.degrees)) == 1

@@ -69,10 +69,12 @@ def allocate(
     weights: Sequence[float] | None = None,
     prefill: Sequence[float] | None = None,
     tool: Sequence[float] | None = None,
+    log_sd: float = 0.0,
 ) -> list[int]:
     """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6),
     the annealing weighing each trajectory's tool seconds (``tool``, else ``tool_time``'s estimate), which
-    no degree shortens."""
+    no degree shortens, and pricing each allocation at the predictor's error ``log_sd`` (the log sd of
+    actual over ``predicted``; 0: exact)."""
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
@@ -84,6 +86,8 @@ def allocate(
             weights=weights,
             prefill=prefill,
             tool=[tool_time(cluster, p) for p in predicted] if tool is None else tool,
+            log_sd=log_sd,
+            seed=seed,
         )
         return list(anneal(problem, seed=seed).degrees)
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)

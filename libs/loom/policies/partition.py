@@ -220,6 +220,44 @@ def presorted_dp(
     )
 
 
+def realised_makespans(
+    part: Partition,
+    workers: Sequence[WorkerProfile],
+    lengths: Sequence[float] | NDArray[np.float64],
+    factors: NDArray[np.float64],
+    weights: Sequence[float] | NDArray[np.float64] | None = None,
+    prefill: Sequence[float] | NDArray[np.float64] | None = None,
+    tool: Sequence[float] | NDArray[np.float64] | None = None,
+) -> NDArray[np.float64]:
+    """The makespan of ``part`` (placed by the predicted ``lengths``) once each trajectory's length and tool
+    time turn out ``factors`` times their prediction, one row of factors per draw: what the placement
+    actually gets when its predictions are off. A group's time is its realised longest member at the
+    interference of its size, or its realised work at the saturated rate, plus its longest realised tool
+    time. All factors 1 (with tool time nonincreasing down the sorted order) give ``part.makespan``."""
+    lens = np.asarray(lengths, dtype=np.float64)
+    n = len(lens)
+    f = np.atleast_2d(np.asarray(factors, dtype=np.float64))
+    if f.shape[1] != n:
+        raise ValueError(f"{f.shape[1]} factors per draw for {n} trajectories")
+    wts = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    pre = _per_trajectory(prefill, n, "prefill needs {n} finite non-negative token counts")
+    tl = _per_trajectory(tool, n, "tool needs {n} finite non-negative durations")
+    out = np.zeros(f.shape[0])
+    for w, (a, b) in enumerate(part.bounds):
+        if b <= a:
+            continue
+        idx = part.order[a:b]
+        prof = workers[w]
+        real = lens[idx] * f[:, idx]
+        share = prof.share(wts[idx])
+        rate = prof.per_token_s * prof.work_rate
+        work = real @ share + (prof.prefill_s / rate if rate > 0 else 0.0) * pre[idx].sum()
+        size = np.full(len(out), share.sum())
+        t = prof.group_time(real.max(axis=1), size, work) + (tl[idx] * f[:, idx]).max(axis=1)
+        out = np.maximum(out, t)
+    return out
+
+
 def _per_trajectory(
     values: Sequence[float] | NDArray[np.float64] | None, n: int, error: str
 ) -> NDArray[np.float64]:

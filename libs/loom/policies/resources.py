@@ -5,6 +5,13 @@ A state is a multiset of degrees summing to the GPU budget, kept sorted in desce
 longest partitions map to the highest degrees. Moves: split (d -> d/2 + d/2), merge (d + d -> 2d) and
 redistribute (move k GPUs from one worker to another, both ending on allowed degrees). Evaluations are
 memoised per state: annealing revisits states often, and each costs one DP.
+
+Where the lengths are predictions with an error (``log_sd``: the log sd of actual over predicted), a state
+costs its expected makespan: the DP places by the predictions, and the placement is priced on draws of
+the actual lengths (log-normal around the predictions, the same draws for every state). Heddle's Algorithm
+2 prices a state by the DP's own makespan, which assumes the predictions exact: under a weak predictor it
+puts trajectories predicted short on small, slow workers, where the long ones it misjudged then finish
+last. Exact predictions (``log_sd`` 0) keep Algorithm 2's objective.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
-from loom.policies.partition import Partition, WorkerProfile, presorted_dp
+from loom.policies.partition import Partition, WorkerProfile, presorted_dp, realised_makespans
 
 State = tuple[int, ...]
 
@@ -27,7 +34,7 @@ State = tuple[int, ...]
 class Allocation:
     degrees: State  # descending
     partition: Partition
-    makespan: float
+    makespan: float  # expected, under the problem's prediction error (the DP's makespan when exact)
     evaluations: int
     iterations: int
 
@@ -42,6 +49,9 @@ class ResourceProblem:
         weights: Sequence[float] | NDArray[np.float64] | None = None,
         prefill: Sequence[float] | NDArray[np.float64] | None = None,
         tool: Sequence[float] | NDArray[np.float64] | None = None,
+        log_sd: float = 0.0,
+        draws: int = 16,
+        seed: int = 0,
     ) -> None:
         if gpus < 1:
             raise ValueError("need at least one GPU")
@@ -56,6 +66,13 @@ class ResourceProblem:
         self.degrees = sorted(self.profiles)
         self.max_items = max_items
         self._cache: dict[State, Partition] = {}
+        self._costs: dict[State, float] = {}
+        if log_sd < 0 or not math.isfinite(log_sd) or draws < 1:
+            raise ValueError("log_sd must be finite and non-negative, draws at least 1")
+        rng = np.random.default_rng(seed)
+        self.factors = (
+            np.exp(log_sd * rng.standard_normal((draws, len(self.lengths)))) if log_sd > 0 else None
+        )
         if not _representable(gpus, tuple(self.degrees)):
             raise ValueError(f"{gpus} GPUs cannot be split into degrees {self.degrees}")
 
@@ -72,6 +89,23 @@ class ResourceProblem:
                 tool=self.tool,
             )
         return p
+
+    def cost(self, state: State) -> float:
+        """The state's makespan: the DP's, or its mean over the draws of actual lengths."""
+        c = self._costs.get(state)
+        if c is None:
+            part = self.evaluate(state)
+            if self.factors is None:
+                c = part.makespan
+            else:
+                workers = [self.profiles[d] for d in state]
+                c = float(
+                    realised_makespans(
+                        part, workers, self.lengths, self.factors, self.weights, self.prefill, self.tool
+                    ).mean()
+                )
+            self._costs[state] = c
+        return c
 
     @property
     def evaluations(self) -> int:
@@ -141,14 +175,21 @@ def anneal(
     restarts: int = 1,
 ) -> Allocation:
     """Algorithm 2. The temperature starts at the initial makespan and cools geometrically until it falls
-    below ``threshold`` times that makespan; the best state seen is returned."""
+    below ``threshold`` times that makespan; the best state seen is returned. The homogeneous states (every
+    worker at one degree) are priced too, so the result is never worse than a fixed degree by the
+    problem's own measure."""
     rng = random.Random(seed)
     best_state: State | None = None
     best = math.inf
+    for d in problem.degrees:
+        if problem.gpus % d == 0:
+            state = (d,) * (problem.gpus // d)
+            if problem.cost(state) < best:
+                best, best_state = problem.cost(state), state
     iterations = 0
     for _ in range(restarts):
         state = problem.random_state(rng)
-        cost = problem.evaluate(state).makespan
+        cost = problem.cost(state)
         temp = cost
         floor = threshold * cost
         if cost < best:
@@ -157,7 +198,7 @@ def anneal(
             iterations += 1
             nxt = problem.neighbour(state, rng)
             if nxt is not None:
-                c = problem.evaluate(nxt).makespan
+                c = problem.cost(nxt)
                 delta = c - cost
                 if delta < 0 or rng.random() < math.exp(-delta / temp):
                     state, cost = nxt, c
@@ -165,16 +206,14 @@ def anneal(
                         best, best_state = cost, state
             temp *= cooling
     assert best_state is not None
-    part = problem.evaluate(best_state)
-    return Allocation(best_state, part, part.makespan, problem.evaluations, iterations)
+    return Allocation(best_state, problem.evaluate(best_state), best, problem.evaluations, iterations)
 
 
 def exhaustive(problem: ResourceProblem) -> Allocation:
     """Every multiset of allowed degrees summing to the budget: the optimum the annealer is judged by."""
     states = list(_multisets(problem.gpus, tuple(sorted(problem.degrees, reverse=True))))
-    best = min(states, key=lambda st: problem.evaluate(st).makespan)
-    part = problem.evaluate(best)
-    return Allocation(best, part, part.makespan, problem.evaluations, len(states))
+    best = min(states, key=problem.cost)
+    return Allocation(best, problem.evaluate(best), problem.cost(best), problem.evaluations, len(states))
 
 
 def fixed(problem: ResourceProblem, degree: int) -> Allocation:
@@ -182,8 +221,7 @@ def fixed(problem: ResourceProblem, degree: int) -> Allocation:
     if problem.gpus % degree or degree not in problem.profiles:
         raise ValueError(f"{problem.gpus} GPUs cannot all run at degree {degree}")
     state = (degree,) * (problem.gpus // degree)
-    part = problem.evaluate(state)
-    return Allocation(state, part, part.makespan, problem.evaluations, 0)
+    return Allocation(state, problem.evaluate(state), problem.cost(state), problem.evaluations, 0)
 
 
 def count_states(gpus: int, degrees: Sequence[int]) -> int:
