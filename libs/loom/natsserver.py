@@ -31,6 +31,18 @@ def find_binary() -> str:
     return found
 
 
+def server_config(host: str, port: int, store: Path | str, http_port: int | None = None) -> str:
+    """nats-server's configuration: Loom's payload limit, JetStream in ``store``; ``port`` -1: any free."""
+    out = (
+        f'host: "{host}"\nport: {port}\n'
+        f"max_payload: {MAX_PAYLOAD}\nmax_pending: {4 * MAX_PAYLOAD}\n"
+        f'jetstream {{\n  store_dir: "{store}"\n  max_memory_store: 1GB\n  max_file_store: 20GB\n}}\n'
+    )
+    if http_port is not None:
+        out += f"http_port: {http_port}\n"
+    return out
+
+
 class NatsServer:
     """``port=0`` picks a free port; the chosen one is read back from the server's ports file."""
 
@@ -50,11 +62,7 @@ class NatsServer:
         ports_dir.mkdir(exist_ok=True)
         conf = self.data_dir / "nats.conf"
         store = self.data_dir / "jetstream"
-        conf.write_text(
-            f'host: "{self.host}"\nport: {self.port if self.port else -1}\n'
-            f"max_payload: {MAX_PAYLOAD}\nmax_pending: {4 * MAX_PAYLOAD}\n"
-            f'jetstream {{\n  store_dir: "{store}"\n  max_memory_store: 1GB\n  max_file_store: 20GB\n}}\n'
-        )
+        conf.write_text(server_config(self.host, self.port if self.port else -1, store))
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - once, at spawn
         self.proc = await asyncio.create_subprocess_exec(
             find_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir), stdout=log, stderr=log

@@ -15,11 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
 from transformers.utils import logging as hf_logging
 
-# Qwen's special tokens follow its 151,643 ordinary ones: <|endoftext|>, <|im_start|>, <|im_end|>.
-ENDOFTEXT = 151_643
-IM_END = 151_645
-# A Qwen3 instruct model ends a turn with <|im_end|>, a base model with <|endoftext|>: either stops a call.
-STOP_IDS = (ENDOFTEXT, IM_END)
+from loom.tokenizer import ENDOFTEXT
 
 # transformers patches torch's init functions process-wide while it builds a model (to skip initialising
 # weights it is about to load): two loads at once on two threads leave one model with garbage weights.

@@ -13,6 +13,12 @@ from tiktoken.load import load_tiktoken_bpe
 
 from loom.settings import default_shared_dir
 
+# Qwen's special tokens follow its 151,643 ordinary ones: <|endoftext|>, <|im_start|>, <|im_end|>.
+ENDOFTEXT = 151_643
+IM_END = 151_645
+# A Qwen3 instruct model ends a turn with <|im_end|>, a base model with <|endoftext|>: either stops a call.
+STOP_IDS = (ENDOFTEXT, IM_END)
+
 QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 

@@ -13,7 +13,8 @@ import torch
 from loom.envs import actions, coin
 from loom.envs.actions import ToolCall
 from loom.envs.coin import CoinEnv, CoinTask, coin_tasks
-from loom.policy import STOP_IDS, build_tiny
+from loom.policy import build_tiny
+from loom.tokenizer import STOP_IDS
 from loom.trainer.coin_warmstart import coin_warm_start, demonstration, play_sequence
 from loom.trainer.warmstart import WarmStartConfig
 from tests.conftest import need_shared

@@ -16,7 +16,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.policy import STOP_IDS
+from loom.tokenizer import STOP_IDS
 
 FinishReason = Literal["length", "stop", "abort"]
 

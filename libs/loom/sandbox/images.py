@@ -51,7 +51,7 @@ def cache_dir() -> Path:
     return d
 
 
-def _tmpdir(prefix: str) -> Path:
+def tmpdir(prefix: str) -> Path:
     # mkdtemp makes 0700 directories; the tree's root becomes the container's '/', which every user reads.
     d = Path(tempfile.mkdtemp(prefix=prefix, dir=cache_dir()))
     d.chmod(0o755)
@@ -83,7 +83,7 @@ class Recipe:
 DEFAULT_IMAGE = Recipe().tag
 
 
-def _run(cmd: list[str], what: str, **kw: object) -> None:
+def run_step(cmd: list[str], what: str, **kw: object) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
     if r.returncode != 0:
         raise SandboxError(f"{what} failed ({' '.join(cmd[:3])} ...): {(r.stderr or r.stdout)[-2000:]}")
@@ -99,9 +99,9 @@ def rootfs(recipe: Recipe, say: Callable[[str], None]) -> Path:
         raise SandboxError("debootstrap is not installed (apt-get install debootstrap)")
     if os.geteuid() != 0:
         raise SandboxError("debootstrap needs root")
-    tmp = _tmpdir("rootfs-")
+    tmp = tmpdir("rootfs-")
     say(f"debootstrap {recipe.suite} (minbase + {', '.join(recipe.include)}) into {tmp} ...")
-    _run(
+    run_step(
         ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.include)}", recipe.suite, str(tmp)],
         "debootstrap",
     )
@@ -116,7 +116,7 @@ def wheelhouse(packages: tuple[str, ...], say: Callable[[str], None]) -> Path:
     wh.mkdir(parents=True, exist_ok=True)
     if packages:
         say(f"building wheels on the host: {' '.join(packages)}")
-        _run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wh), *packages], "pip wheel")
+        run_step([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wh), *packages], "pip wheel")
     return wh
 
 
@@ -124,8 +124,8 @@ def stage(recipe: Recipe, say: Callable[[str], None]) -> Path:
     """A copy of the root filesystem with the wheels installed, an unprivileged user, and no docs."""
     base = rootfs(recipe, say)
     wh = wheelhouse(recipe.packages, say)
-    out = _tmpdir("stage-")
-    _run(["cp", "-a", f"{base}/.", str(out)], "copying the root filesystem")
+    out = tmpdir("stage-")
+    run_step(["cp", "-a", f"{base}/.", str(out)], "copying the root filesystem")
     for rel in SLIM:
         shutil.rmtree(out / rel, ignore_errors=True)
     (out / "work").mkdir(exist_ok=True)
@@ -134,7 +134,7 @@ def stage(recipe: Recipe, say: Callable[[str], None]) -> Path:
         target = out / "usr/local/lib" / PYTHON / "dist-packages"
         # The tree's Python is the same minor version as the host's, so the host's pip can install
         # into it; binary wheels only, nothing is compiled for the wrong interpreter.
-        _run(
+        run_step(
             [
                 sys.executable,
                 "-m",
@@ -181,22 +181,26 @@ async def build(
     tree = stage(recipe, say)
     try:
         say(f"importing {tree} as {tag}")
-        _import(tree, tag, recipe)
+        import_tree(
+            tree,
+            tag,
+            [
+                "USER 10001:10001",
+                "WORKDIR /work",
+                "ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1",
+                f"LABEL loom.recipe={recipe.digest()} loom.packages={','.join(recipe.packages) or '-'}",
+            ],
+        )
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     say(f"built {tag}")
     return tag
 
 
-def _import(tree: Path, tag: str, recipe: Recipe) -> None:
+def import_tree(tree: Path, tag: str, changes: list[str]) -> None:
+    """``docker import`` a root filesystem as ``tag`` with Dockerfile-style ``changes`` (USER, ENV, ...)."""
     if shutil.which("docker") is None:
         raise SandboxError("the docker client is not installed (apt-get install docker.io)")
-    changes = [
-        "USER 10001:10001",
-        "WORKDIR /work",
-        "ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1",
-        f"LABEL loom.recipe={recipe.digest()} loom.packages={','.join(recipe.packages) or '-'}",
-    ]
     # The tree streams from tar straight into the engine; nothing of its size is held in memory.
     tar = subprocess.Popen(["tar", "-C", str(tree), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
     args = [a for c in changes for a in ("--change", c)]
@@ -209,10 +213,10 @@ def _import(tree: Path, tag: str, recipe: Recipe) -> None:
         raise SandboxError(f"docker import failed: {r.stderr[-1000:]}")
 
 
-async def images() -> list[dict[str, object]]:
+async def images(repos: tuple[str, ...] = (REPO,)) -> list[dict[str, object]]:
     docker = aiodocker.Docker(url=docker_url())
     try:
-        rows = await docker.images.list(filters=json.dumps({"reference": [f"{REPO}"]}))
+        rows = await docker.images.list(filters=json.dumps({"reference": list(repos)}))
     finally:
         await docker.close()
     return [

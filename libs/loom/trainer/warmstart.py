@@ -40,8 +40,8 @@ from loom.envs.base import show
 from loom.envs.math_env import SYSTEM, MathEnv
 from loom.envs.tasksets import MathTask
 from loom.envs.transcript import encode, observation_ids
-from loom.policy import STOP_IDS
 from loom.sandbox.types import ExecResult
+from loom.tokenizer import STOP_IDS
 from loom.trainer.grpo import Batch, Flat, collate, output_embeddings, sequence_logprobs
 
 # The tiny policy the recipe was measured with: ``loom.policy.build_tiny(seed, **TINY_POLICY)`` (hidden 128,
