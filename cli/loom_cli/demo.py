@@ -54,7 +54,7 @@ async def run_demo(
         try:
             await dep.start()
             t_up = time.monotonic()
-            health = await gather_health(dep.nats.url, 1.0)
+            health = await gather_health(dep.nats.url, 1.0, cfg.home)
             summary = await asyncio.to_thread(
                 _run_job, dep.api_url, dep.api_token, demo_spec(prompts, samples, policy), console
             )

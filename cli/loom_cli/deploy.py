@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
-
+from loom import nats_auth
 from loom.auth import home_token
+from loom.healthcheck import gather
 from loom.natsserver import NatsServer
-from loom.protocol import DecodeError, Health, decode, subjects
+from loom.protocol import Health
 from loom.supervisor import ProcSpec, Supervisor
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,11 @@ class DeployConfig:
 class Deployment:
     def __init__(self, cfg: DeployConfig) -> None:
         self.cfg = cfg
-        self.nats = NatsServer(cfg.home / "nats", port=cfg.nats_port)
+        # Every service, the trainer and the operator connect as their own NATS user; no one else can.
+        self.passwords = nats_auth.passwords(cfg.home / "nats")
+        self.nats = NatsServer(
+            cfg.home / "nats", port=cfg.nats_port, authorization=nats_auth.authorization(self.passwords)
+        )
         self.sup = Supervisor(cfg.home / "logs", on_change=self._write_state)
         self.api_url = f"http://127.0.0.1:{cfg.api_port}"
         self.api_token = cfg.api_token or api_token(cfg.home, create=True)
@@ -80,21 +84,28 @@ class Deployment:
             "PYTHONUNBUFFERED": "1",
             **self.cfg.extra_env,
         }
+
+        def env(role: str, more: dict[str, str] | None = None) -> dict[str, str]:
+            return {**common, **nats_auth.role_env(role, self.passwords[role]), **(more or {})}
+
         py = [sys.executable, "-m"]
         specs = [
             ProcSpec(
                 "scheduler",
                 [*py, "services.scheduler"],
-                {**common, "LOOM_SCHEDULER_PORT": str(self.cfg.api_port), "LOOM_API_TOKEN": self.api_token},
+                env(
+                    "scheduler",
+                    {"LOOM_SCHEDULER_PORT": str(self.cfg.api_port), "LOOM_API_TOKEN": self.api_token},
+                ),
             ),
-            ProcSpec("router", [*py, "services.router"], common),
-            ProcSpec("predictor", [*py, "services.predictor"], common),
-            ProcSpec("envmgr", [*py, "services.envmgr"], common),
-            ProcSpec("reward", [*py, "services.reward"], common),
+            ProcSpec("router", [*py, "services.router"], env("router")),
+            ProcSpec("predictor", [*py, "services.predictor"], env("predictor")),
+            ProcSpec("envmgr", [*py, "services.envmgr"], env("envmgr")),
+            ProcSpec("reward", [*py, "services.reward"], env("reward")),
         ]
         for i in range(self.cfg.workers):
-            env = {
-                **common,
+            worker = {
+                **env("rollout"),
                 "LOOM_ROLLOUT_WORKER_ID": f"w{i}",
                 "LOOM_ROLLOUT_MODEL": self.cfg.model,
                 "LOOM_ROLLOUT_GPU": self.cfg.gpu,
@@ -103,8 +114,8 @@ class Deployment:
                 "LOOM_ROLLOUT_SEED": str(i),
             }
             if self.cfg.model_path is not None:
-                env["LOOM_ROLLOUT_MODEL_PATH"] = self.cfg.model_path
-            specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], env))
+                worker["LOOM_ROLLOUT_MODEL_PATH"] = self.cfg.model_path
+            specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], worker))
         return specs
 
     async def start(self, wait_s: float = 60.0) -> None:
@@ -128,7 +139,7 @@ class Deployment:
         deadline = time.monotonic() + wait_s
         seen: dict[str, int] = {}
         while time.monotonic() < deadline:
-            seen = {s: len(hs) for s, hs in (await gather_health(self.nats.url, 0.5)).items()}
+            seen = {s: len(hs) for s, hs in (await gather_health(self.nats.url, 0.5, self.cfg.home)).items()}
             if all(seen.get(s, 0) >= n for s, n in want.items()):
                 return
             dead = [n for n, p in self.sup.procs.items() if p.restarts > 3]
@@ -136,6 +147,10 @@ class Deployment:
                 raise RuntimeError(f"services keep crashing: {dead}; see {self.cfg.home / 'logs'}")
             await asyncio.sleep(0.3)
         raise RuntimeError(f"services not healthy after {wait_s:.0f} s: {seen}; see {self.cfg.home / 'logs'}")
+
+    def credentials(self, role: str) -> tuple[str, str]:
+        """(user, password) for a client of this deployment in ``role`` (``loom.nats_auth.ROLES``)."""
+        return role, self.passwords[role]
 
     def _write_state(self) -> None:
         state = {
@@ -156,31 +171,19 @@ class Deployment:
         (self.cfg.home / STATE_FILE).unlink(missing_ok=True)
 
 
-async def gather_health(nats_url: str, wait: float = 1.0) -> dict[str, list[Health]]:
-    """Ask every instance of every service for its health; each instance answers the same inbox."""
-    out: dict[str, list[Health]] = {s: [] for s in subjects.SERVICES}
-    nc = await nats.connect(nats_url, connect_timeout=3, max_reconnect_attempts=0)
-    try:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        for s in subjects.SERVICES:
-            await nc.publish(subjects.health(s), b"", reply=inbox)
-        deadline = time.monotonic() + wait
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except TimeoutError:
-                break
-            if not msg.data:  # the server's "no responders" status for a service not up yet
-                continue
-            try:
-                h = decode(msg.data, Health)
-            except DecodeError:
-                continue
-            out.setdefault(h.service, []).append(h)
-    finally:
-        await nc.close()
-    return out
+async def gather_health(
+    nats_url: str, wait: float = 1.0, home: Path | None = None
+) -> dict[str, list[Health]]:
+    """Every service instance's health, asked as the operator of the Loom in ``home`` (if it has users)."""
+    return await gather(nats_url, wait, operator_credentials(home or default_home()))
+
+
+def operator_credentials(home: Path) -> tuple[str, str] | None:
+    """The operator's NATS user of the Loom ``loom up`` runs in ``home``; None where it made none."""
+    path = home / "nats" / nats_auth.USERS_FILE
+    if not path.exists():
+        return None
+    return nats_auth.OPERATOR, str(json.loads(path.read_text())[nats_auth.OPERATOR])
 
 
 def read_state(home: Path) -> dict[str, object]:

@@ -55,7 +55,7 @@ async def _up(args: argparse.Namespace) -> int:
 
 async def _status(args: argparse.Namespace) -> int:
     state = read_state(args.home)
-    health = await gather_health(str(state["nats_url"]), wait=1.0)
+    health = await gather_health(str(state["nats_url"]), wait=1.0, home=args.home)
     t = Table(title=f"Loom at {state['api_url']}")
     for c in ("service", "instance", "pid", "up (s)", "details"):
         t.add_column(c)

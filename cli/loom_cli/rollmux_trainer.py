@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats
-
+from loom import bus
 from loom.phases import PhaseClient
 from loom.protocol import PhasePermit, TailMigration
 
@@ -33,7 +32,7 @@ def done_fraction(time_fraction: float) -> float:
 
 
 async def train_job(args: argparse.Namespace) -> list[dict[str, Any]]:
-    nc = await nats.connect(args.nats, connect_timeout=5)
+    nc = await bus.connect(args.nats, "loom-rollmux-trainer")  # a user in the URL scopes it (trainer)
     runs: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
 

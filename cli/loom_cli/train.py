@@ -218,7 +218,7 @@ async def run_mode(
             result.eval_first = await asyncio.to_thread(
                 score_heldout, dep.api_url, dep.api_token, cfg, console, "before"
             )
-        nc = await bus.connect(dep.nats.url, "loom-train")
+        nc = await bus.connect(dep.nats.url, "loom-train", credentials=dep.credentials("trainer"))
         torch.manual_seed(cfg.seed)
         trainer = GRPOTrainer(policy.load(ckpt0), GRPOConfig(lr=cfg.lr))
         t0 = time.monotonic()

@@ -7,6 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NATS
@@ -39,8 +40,23 @@ class BusError(RuntimeError):
         self.message = message
 
 
-async def connect(url: str, name: str, *, max_reconnect_attempts: int = -1) -> NATS:
-    """Connect and keep reconnecting forever; a service outlives NATS restarts."""
+def inbox_prefix(user: str) -> str:
+    """Where a role's replies arrive: a prefix of its own, so that no other role may listen in."""
+    return f"_INBOX_{user}"
+
+
+async def connect(
+    url: str,
+    name: str,
+    *,
+    max_reconnect_attempts: int = -1,
+    credentials: tuple[str, str] | None = None,
+    connect_timeout: float = 5,
+) -> NATS:
+    """Connect and keep reconnecting forever; a service outlives NATS restarts. ``credentials`` (user,
+    password), else any in the URL (``nats://user:password@host:port``), name the client's role on a server
+    with authentication (``loom.nats_auth``); its replies then come back under its role's own inbox
+    prefix, the only inboxes it may subscribe to."""
 
     async def on_error(e: Exception) -> None:
         log.warning("nats error: %s", e)
@@ -51,12 +67,16 @@ async def connect(url: str, name: str, *, max_reconnect_attempts: int = -1) -> N
     async def on_reconnect() -> None:
         log.info("nats reconnected")
 
+    user = credentials[0] if credentials else urlsplit(url).username
+    auth = {"user": credentials[0], "password": credentials[1]} if credentials else {}
     return await nats.connect(
         servers=[url],
         name=name,
         max_reconnect_attempts=max_reconnect_attempts,
         reconnect_time_wait=0.5,
-        connect_timeout=5,
+        connect_timeout=connect_timeout,
+        inbox_prefix=inbox_prefix(user) if user else "_INBOX",
+        **auth,
         error_cb=on_error,
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,

@@ -1,6 +1,7 @@
-"""``python3 -m loom.healthcheck``: a container's healthcheck (compose.yaml). Exit 0 when a Loom service in
-this container answers its health request over NATS with ``ok``: instance names start with the host name,
-which in a container is the container's own. Exit 1 otherwise, saying why on stderr."""
+"""Health over NATS: ``gather`` asks every instance of every service (``loom status``, ``loom up``), and
+``python3 -m loom.healthcheck`` is a container's healthcheck (compose.yaml): exit 0 when a Loom service in
+this container answers with ``ok``. Instance names start with the host name, which in a container is the
+container's own. Exit 1 otherwise, saying why on stderr."""
 
 from __future__ import annotations
 
@@ -9,47 +10,59 @@ import socket
 import sys
 import time
 
-import nats
-
-from loom.protocol import Health, decode, subjects
+from loom import bus
+from loom.protocol import DecodeError, Health, decode, subjects
 from loom.settings import LoomSettings
 
 
-async def check(nats_url: str, host: str, wait_s: float = 2.0) -> str | None:
-    """None when an instance on ``host`` is healthy, else what is wrong."""
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=3, max_reconnect_attempts=0)
-    except Exception as e:
-        return f"NATS at {nats_url.rsplit('@', 1)[-1]} does not answer: {e}"
-    seen: list[Health] = []
+async def gather(
+    nats_url: str, wait: float = 1.0, credentials: tuple[str, str] | None = None
+) -> dict[str, list[Health]]:
+    """Ask every instance of every service for its health; each instance answers the same inbox."""
+    out: dict[str, list[Health]] = {s: [] for s in subjects.SERVICES}
+    nc = await bus.connect(
+        nats_url, "loom-health", max_reconnect_attempts=0, credentials=credentials, connect_timeout=3
+    )
     try:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         for s in subjects.SERVICES:
             await nc.publish(subjects.health(s), b"", reply=inbox)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
             try:
                 msg = await sub.next_msg(timeout=left)
             except TimeoutError:
                 break
+            if not msg.data:  # the server's "no responders" status for a service not up yet
+                continue
             try:
                 h = decode(msg.data, Health)
-            except Exception:
-                continue  # "no responders" for a service with no instance up, or a stranger's reply
-            if h.instance.startswith(f"{host}-"):
-                if h.ok:
-                    return None
-                seen.append(h)
+            except DecodeError:
+                continue
+            out.setdefault(h.service, []).append(h)
     finally:
         await nc.close()
-    if seen:
-        return f"{seen[0].service} on {host} reports unhealthy: {seen[0].details}"
-    return f"no Loom service on {host} answered within {wait_s:.0f} s"
+    return out
+
+
+async def check(nats_url: str, host: str, credentials: tuple[str, str] | None = None) -> str | None:
+    """None when an instance on ``host`` is healthy, else what is wrong."""
+    try:
+        health = await gather(nats_url, 2.0, credentials)
+    except Exception as e:
+        return f"NATS at {nats_url.rsplit('@', 1)[-1]} does not answer: {e}"
+    mine = [h for hs in health.values() for h in hs if h.instance.startswith(f"{host}-")]
+    if any(h.ok for h in mine):
+        return None
+    if mine:
+        return f"{mine[0].service} on {host} reports unhealthy: {mine[0].details}"
+    return f"no Loom service on {host} answered within 2 s"
 
 
 def main() -> int:
-    problem = asyncio.run(check(LoomSettings().nats_url, socket.gethostname()))
+    settings = LoomSettings()
+    problem = asyncio.run(check(settings.nats_url, socket.gethostname(), settings.nats_credentials()))
     if problem is not None:
         print(problem, file=sys.stderr)
         return 1

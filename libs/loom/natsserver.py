@@ -46,8 +46,12 @@ def server_config(host: str, port: int, store: Path | str, http_port: int | None
 class NatsServer:
     """``port=0`` picks a free port; the chosen one is read back from the server's ports file."""
 
-    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, data_dir: Path, port: int = 0, host: str = "127.0.0.1", authorization: str = ""
+    ) -> None:
+        """``authorization``: the users block (``loom.nats_auth.authorization``); empty: anyone may connect."""
         self.data_dir = Path(data_dir)
+        self.authorization = authorization
         self.port = port
         self.host = host
         self.proc: asyncio.subprocess.Process | None = None
@@ -62,7 +66,10 @@ class NatsServer:
         ports_dir.mkdir(exist_ok=True)
         conf = self.data_dir / "nats.conf"
         store = self.data_dir / "jetstream"
-        conf.write_text(server_config(self.host, self.port if self.port else -1, store))
+        # The configuration holds the users' passwords: the server's user alone reads it.
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)
+        conf.write_text(server_config(self.host, self.port if self.port else -1, store) + self.authorization)
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - once, at spawn
         self.proc = await asyncio.create_subprocess_exec(
             find_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir), stdout=log, stderr=log

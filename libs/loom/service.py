@@ -61,7 +61,11 @@ class Runtime:
         return self._js
 
     async def connect(self) -> None:
-        self._nc = await bus.connect(self.settings.nats_url, f"loom-{self.name}-{self.instance}")
+        self._nc = await bus.connect(
+            self.settings.nats_url,
+            f"loom-{self.name}-{self.instance}",
+            credentials=self.settings.nats_credentials(),
+        )
         self._js = self._nc.jetstream(timeout=10)
         await bus.ensure_streams(self._js)
 

@@ -40,6 +40,25 @@ class LoomSettings(BaseSettings):
     shared_dir: Path = Field(
         default_factory=default_shared_dir, validation_alias=AliasChoices("shared_dir", "LOOM_SHARED_DIR")
     )
+    # Who the service is on NATS (its role's user, loom.nats_auth); the password, or a file holding it.
+    nats_user: str | None = Field(None, validation_alias=AliasChoices("nats_user", "LOOM_NATS_USER"))
+    # Plain (not SecretStr) so that the settings handed to forked reward workers as JSON keep it.
+    nats_password: str | None = Field(
+        None, repr=False, validation_alias=AliasChoices("nats_password", "LOOM_NATS_PASSWORD")
+    )
+    nats_password_file: Path | None = Field(
+        None, validation_alias=AliasChoices("nats_password_file", "LOOM_NATS_PASSWORD_FILE")
+    )
     # Longest a request may wait without hearing from the service holding it (wall seconds).
     lease_s: float = Field(3.0, gt=0, validation_alias=AliasChoices("lease_s", "LOOM_LEASE_S"))
     keepalive_s: float = Field(1.0, gt=0, validation_alias=AliasChoices("keepalive_s", "LOOM_KEEPALIVE_S"))
+
+    def nats_credentials(self) -> tuple[str, str] | None:
+        """(user, password) to connect to NATS with, or None for a server without authentication."""
+        if self.nats_user is None:
+            return None
+        if self.nats_password is not None:
+            return self.nats_user, self.nats_password
+        if self.nats_password_file is not None:
+            return self.nats_user, self.nats_password_file.read_text().strip()
+        raise ValueError("LOOM_NATS_USER is set without LOOM_NATS_PASSWORD or LOOM_NATS_PASSWORD_FILE")

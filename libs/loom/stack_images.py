@@ -25,6 +25,7 @@ from pathlib import Path
 import aiodocker
 
 import loom
+from loom.nats_auth import COMPOSE_UIDS, NATS_UID
 from loom.natsserver import find_binary, server_config
 from loom.sandbox.docker_backend import docker_url
 from loom.sandbox.images import (
@@ -45,7 +46,6 @@ NATS_REPO = "loom-nats"
 TRAINING_ONLY = frozenset({"torch", "onnx"})
 NATS_CONFIG = "/etc/nats/nats.conf"
 SERVICE_UID = 10001
-NATS_UID = 10002
 # Where the project's sources are, relative to the checkout (setuptools' package roots).
 SOURCE_DIRS = ("libs/loom", "cli/loom_cli", "services")
 
@@ -160,6 +160,12 @@ def _stage_services(root: Path, reqs: list[str], say: Callable[[str], None]) -> 
     launcher.write_text("#!/usr/bin/python3\nimport sys\nfrom loom_cli.main import main\nsys.exit(main())\n")
     launcher.chmod(0o755)
     _add_user(out, "loom", SERVICE_UID, "/home/loom")
+    # One user per service role (compose.yaml runs each as its own, to read its NATS password alone),
+    # all in group loom, which may write the home directory.
+    with open(out / "etc/passwd", "a") as f:
+        for role, uid in COMPOSE_UIDS.items():
+            f.write(f"loom-{role}:x:{uid}:{SERVICE_UID}:{role}:/home/loom:/usr/sbin/nologin\n")
+    (out / "home/loom").chmod(0o775)
     return out
 
 

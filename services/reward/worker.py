@@ -70,7 +70,11 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, watch_pid: int) -> None:
-        self.nc = await bus.connect(self.settings.nats_url, f"loom-reward-worker-{self.id}")
+        self.nc = await bus.connect(
+            self.settings.nats_url,
+            f"loom-reward-worker-{self.id}",
+            credentials=self.settings.nats_credentials(),
+        )
         self.js = self.nc.jetstream(timeout=10)
         self.kv_traj = await self.js.key_value(subjects.KV_TRAJ)
         self.ctx = RewardContext(self.sandboxes.get, self.nc)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client as NATS
 
+from loom import bus, nats_auth
 from loom.auth import header
 from loom_cli.deploy import free_port
 from tests.conftest import need_shared
@@ -41,6 +43,16 @@ class LoomUp:
     def auth(self) -> dict[str, str]:
         """The admin token `loom up` made and keeps in its home, as a request header."""
         return header((self.home / "api_token").read_text().strip())
+
+    async def connect(self, role: str) -> NATS:
+        """A NATS client of this Loom as ``role`` (loom.nats_auth), with the password `loom up` made."""
+        users = json.loads((self.home / "nats" / nats_auth.USERS_FILE).read_text())
+        return await bus.connect(
+            str(self.state()["nats_url"]),
+            f"test-{role}",
+            credentials=(role, users[role]),
+            max_reconnect_attempts=0,
+        )
 
     def state(self) -> dict:  # type: ignore[type-arg]
         return json.loads((self.home / "state.json").read_text())  # type: ignore[no-any-return]
@@ -121,3 +133,8 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+    # Every service connects as its own NATS user: a subject its role lacks shows up here, not as a
+    # message that silently went nowhere.
+    nats_log = home / "nats" / "nats-server.log"
+    violations = [line for line in nats_log.read_text().splitlines() if " Violation - Subject " in line]
+    assert not violations, "\n".join(violations[:20])

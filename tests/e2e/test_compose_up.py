@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 from loom.settings import default_shared_dir
@@ -36,12 +38,13 @@ class Stack:
         self.project = f"loome2e{secrets.token_hex(3)}"
         self.token = secrets.token_hex(24)
         self.port = free_port()
+        self.nats_port = free_port()
         self.api = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
             "LOOM_API_TOKEN": self.token,
             "LOOM_API_PORT": str(self.port),
-            "LOOM_NATS_PORT": str(free_port()),
+            "LOOM_NATS_PORT": str(self.nats_port),
             "LOOM_SPEED": "20",
             "LOOM_SHARED": str(default_shared_dir().resolve()),
             "LOOM_PREDICTOR_DIR": str(tmp / "predictor"),
@@ -94,6 +97,13 @@ def test_compose_up_serves_a_job_and_down_leaves_nothing(stack: Stack, tmp_path:
     assert healthy, f"no healthy API within 2 minutes\n{stack.logs()}"
     assert httpx.get(f"{stack.api}/v1/jobs", timeout=5).status_code == 401
     assert httpx.get(f"{stack.api}/healthz", timeout=5).status_code == 401
+    # NATS admits the stack's users only.
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        asyncio.run(
+            nats.connect(
+                f"nats://127.0.0.1:{stack.nats_port}", max_reconnect_attempts=0, allow_reconnect=False
+            )
+        )
 
     # Scripted agents run the code environment: sandboxes on the host's engine, code rewards scored in
     # sandboxes too. 4 prompts x 2 samples.

@@ -15,6 +15,7 @@ import msgspec
 import nats
 import pytest
 
+from loom import nats_auth
 from loom.protocol import DeadLetter, decode, subjects
 from tests.e2e.conftest import LOOM, LoomUp
 
@@ -93,14 +94,17 @@ def test_rest_rejects_bad_input_with_named_fields(loom_up: LoomUp) -> None:
 
 
 async def test_nats_bad_input_is_answered_and_kept(loom_up: LoomUp) -> None:
-    nc = await nats.connect(str(loom_up.state()["nats_url"]))
+    """Garbage from a peer allowed to send there (each subject as a role that may publish to it)."""
+    nc = await loom_up.connect("envmgr")
+    scheduler = await loom_up.connect("scheduler")
+    operator = await loom_up.connect(nats_auth.OPERATOR)
     js = nc.jetstream()
     try:
         for subj in (subjects.PREDICT, subjects.GEN_REQUEST):
             reply = await nc.request(subj, b"\x93garbage", timeout=3)
             assert b"bad_request" in reply.data
         before = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
-        await js.publish(subjects.traj_work("job-bogus"), b"not a trajectory")
+        await scheduler.jetstream().publish(subjects.traj_work("job-bogus"), b"not a trajectory")
         await js.publish(
             subjects.reward_submit("default", "job-bogus"), msgspec.msgpack.encode({"trajectory": 1})
         )
@@ -117,11 +121,18 @@ async def test_nats_bad_input_is_answered_and_kept(loom_up: LoomUp) -> None:
         # Nothing crashed: work queues are empty (bad messages terminated, not redelivered forever).
         assert (await js.stream_info(subjects.STREAM_TRAJWORK)).state.messages == 0
         for svc in subjects.SERVICES:
-            text = (await nc.request(subjects.metrics(svc), b"", timeout=3)).data.decode()
+            text = (await operator.request(subjects.metrics(svc), b"", timeout=3)).data.decode()
             assert f"loom_{svc}_bad_messages_total" in text
     finally:
-        await nc.close()
+        for c in (nc, scheduler, operator):
+            await c.close()
     assert loom_up.cli("status").returncode == 0
+
+
+async def test_nats_admits_no_stranger(loom_up: LoomUp) -> None:
+    """Finding 2 on the running system: no anonymous client connects."""
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(str(loom_up.state()["nats_url"]), max_reconnect_attempts=0, allow_reconnect=False)
 
 
 def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -28,6 +28,7 @@ def test_compose_file_is_valid_and_has_every_service() -> None:
     )
     assert r.returncode == 0 and "LOOM_API_TOKEN" not in r.stderr, r.stderr
     assert set(r.stdout.split()) == {
+        "nats-users",
         "nats",
         "scheduler",
         "router",

@@ -15,6 +15,7 @@ from loom import policy
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.hf import HFEngine
 from loom.engine.hf_batch import Seq, request_generator, sample
+from loom.tokenizer import STOP_IDS
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
 PROMPTS = [[(37 * i + 101 * j) % 5000 + 10 for j in range(n)] for i, n in enumerate([5, 17, 30, 11])]
@@ -45,8 +46,8 @@ def _always_stops() -> PreTrainedModel:
         embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
         assert isinstance(embeddings, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)
         embeddings.weight[:, 0] = 10.0
-        head.weight[policy.STOP_IDS[0]] = 0.0
-        head.weight[policy.STOP_IDS[0], 0] = 10.0
+        head.weight[STOP_IDS[0]] = 0.0
+        head.weight[STOP_IDS[0], 0] = 10.0
     return model
 
 
@@ -166,10 +167,10 @@ async def test_stop_token_and_length(engine_at) -> None:
     engine = await engine_at("stop")
     stop = await engine.generate(req("s", PROMPTS[0], 10, ignore_eos=False))
     assert stop.finish_reason == "stop"
-    assert stop.output_ids == [policy.STOP_IDS[0]] and stop.output_len == 1
+    assert stop.output_ids == [STOP_IDS[0]] and stop.output_len == 1
     assert stop.output_logprobs is not None and -1e-3 < stop.output_logprobs[0] <= 0
     run_on = await engine.generate(req("l", PROMPTS[0], 10, ignore_eos=True))
-    assert run_on.finish_reason == "length" and run_on.output_ids == [policy.STOP_IDS[0]] * 10
+    assert run_on.finish_reason == "length" and run_on.output_ids == [STOP_IDS[0]] * 10
     nothing = await engine.generate(req("z", PROMPTS[0], 0))
     assert (nothing.finish_reason, nothing.output_ids) == ("length", [])
     unlogged = await engine.generate(req("u", PROMPTS[0], 3, return_logprob=False))
