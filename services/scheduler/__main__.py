@@ -43,7 +43,8 @@ class Scheduler:
             warm_start=settings.rollmux_warm_start,
         )
         self.rljobs = RLJobManager(rt, cluster, settings.rollmux_tail_threshold)
-        self.streams = StreamManager(rt, settings)
+        self.streams = StreamManager(rt, settings, self.jobs.in_flight)
+        self.jobs.streams_in_flight = self.streams.in_flight
 
     def health(self) -> dict[str, Any]:
         return {

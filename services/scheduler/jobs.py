@@ -63,6 +63,8 @@ class JobManager:
         self.rt = rt
         self.settings = settings
         self.jobs: dict[str, Job] = {}
+        # A tenant's quota counts its streams' trajectories in flight beside its jobs' (the scheduler wires it).
+        self.streams_in_flight: Callable[[str], int] = lambda _: 0
         # job -> traj -> status of every stored result (deduplicated by trajectory).
         self.done: dict[str, dict[str, str]] = {}
         self.placement = RoundRobinPlacement()
@@ -137,7 +139,7 @@ class JobManager:
                 f"{n} trajectories ({len(tasks)} tasks x {samples_per_group(spec)} samples): a job may have "
                 f"at most {self.settings.max_job_trajectories}",
             )
-        in_flight = self.in_flight(spec.tenant)
+        in_flight = self.in_flight(spec.tenant) + self.streams_in_flight(spec.tenant)
         if in_flight + n > self.settings.tenant_max_trajectories:
             raise QuotaExceeded(
                 f"tenant {spec.tenant!r} has {in_flight} trajectories in flight; {n} more would pass its "

@@ -75,9 +75,13 @@ class StreamError(Exception):
 
 
 class StreamManager:
-    def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
+    def __init__(
+        self, rt: Runtime, settings: SchedulerSettings, jobs_in_flight: Callable[[str], int] = lambda _: 0
+    ) -> None:
         self.rt = rt
         self.settings = settings
+        # A tenant's quota counts its jobs' trajectories in flight beside its streams'.
+        self.jobs_in_flight = jobs_in_flight
         self.streams: dict[str, Stream] = {}
         self.tasks: dict[str, list] = {}  # stream -> its resolved TaskSpecs
         self._locks: dict[str, asyncio.Lock] = {}
@@ -177,6 +181,14 @@ class StreamManager:
             raise StreamError("not_found", f"unknown stream {stream_id!r}")
         return st
 
+    def in_flight(self, tenant: str) -> int:
+        """The most trajectories the tenant's running streams keep in flight (their open groups' samples)."""
+        return sum(
+            st.spec.buffer_groups * samples_per_group(st.spec.job_spec())
+            for st in self.streams.values()
+            if st.spec.tenant == tenant and st.state == "running"
+        )
+
     async def create(self, spec: StreamSpec) -> Stream:
         job_spec = spec.job_spec()
         tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
@@ -187,6 +199,14 @@ class StreamManager:
                 ["buffer_groups"],
                 f"{spec.buffer_groups} groups of {samples_per_group(job_spec)} in flight: a stream may keep at "
                 f"most {MAX_OPEN_GROUPS} groups and {self.settings.max_job_trajectories} trajectories in flight",
+            )
+        tenant = spec.tenant
+        held = self.in_flight(tenant) + self.jobs_in_flight(tenant)
+        if held + in_flight > self.settings.tenant_max_trajectories:
+            raise StreamError(
+                "quota",
+                f"tenant {tenant!r} has {held} trajectories in flight; a stream of {in_flight} more would pass "
+                f"its quota of {self.settings.tenant_max_trajectories}",
             )
         sid = f"str-{uuid.uuid4().hex[:12]}"
         now = self.rt.clock.now()

@@ -20,7 +20,14 @@ from services.scheduler.openapi import answers, body
 from services.scheduler.streams import StreamError, StreamManager
 from services.scheduler.tasks import SpecError
 
-_STATUS = {"not_found": 404, "gone": 410, "conflict": 409, "unavailable": 503, "update_failed": 502}
+_STATUS = {
+    "not_found": 404,
+    "gone": 410,
+    "conflict": 409,
+    "unavailable": 503,
+    "update_failed": 502,
+    "quota": 429,
+}
 
 
 class BatchQuery(BaseModel):
@@ -56,7 +63,9 @@ def add_stream_routes(
             raise HTTPException(status_code=404, detail=f"unknown stream {stream_id!r}")
         return st
 
-    @app.post("/v1/streams", status_code=201, openapi_extra=body(StreamSpec), responses=answers(403, 422))
+    @app.post(
+        "/v1/streams", status_code=201, openapi_extra=body(StreamSpec), responses=answers(403, 422, 429)
+    )
     async def create_stream(request: Request) -> JSONResponse:
         spec = decode_body(await request.body(), StreamSpec)
         if isinstance(spec, JSONResponse):
@@ -71,6 +80,8 @@ def add_stream_routes(
                 status_code=422,
                 content={"detail": [{"loc": ["body", *e.loc], "msg": e.msg, "type": "value_error"}]},
             )
+        except StreamError as e:
+            return JSONResponse(status_code=_STATUS.get(e.code, 400), content={"detail": e.message})
         return JSONResponse(status_code=201, content=to_builtins(st))
 
     @app.get("/v1/streams")

@@ -81,6 +81,26 @@ async def test_no_token_no_entry_and_tenants_see_only_their_own(services: Servic
         assert counts == {"no_token": 8.0, "wrong_token": 6.0}
 
 
+async def test_a_tenants_quota_counts_its_streams_and_its_jobs(services: Services, tmp_path: Path) -> None:
+    """A stream holds up to its open groups' samples in flight: they count against the tenant's quota as a
+    job's trajectories do, and the quota comes back when the stream ends."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    api = await _up(services, tmp_path, tenant_max_trajectories=100)
+    data = {"dataset": {"name": "swe-replay", "limit": 4}, "group_size": 8}
+    async with httpx.AsyncClient(base_url=api, headers=header(TEAM_A), timeout=30) as http:
+        r = await http.post("/v1/streams", json={**data, "buffer_groups": 10})  # 80 in flight
+        assert r.status_code == 201, r.text
+        stream = r.json()["id"]
+        r = await http.post("/v1/jobs", json=data)  # 32 more
+        assert r.status_code == 429 and "80 trajectories in flight" in r.json()["detail"]
+        r = await http.post("/v1/streams", json={**data, "buffer_groups": 3})  # 24 more
+        assert r.status_code == 429 and "quota of 100" in r.json()["detail"]
+        # Another tenant's quota is its own.
+        assert (await http.post("/v1/jobs", json=data, headers=header(TEAM_B))).status_code == 201
+        assert (await http.delete(f"/v1/streams/{stream}")).status_code == 200
+        assert (await http.post("/v1/jobs", json=data)).status_code == 201
+
+
 def test_no_tokens_configured_is_refused_at_start(tmp_path: Path) -> None:
     from loom.auth import Tokens
 
