@@ -71,6 +71,18 @@ def _service(role: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) ->
     )
 
 
+# What trainers ask the scheduler for: rollout streams and RollMux phase permits.
+TRAINER_REQUESTS = (
+    subjects.STREAM_CREATE,
+    subjects.STREAM_GET,
+    subjects.STREAM_CANCEL,
+    subjects.STREAM_LEASE,
+    subjects.STREAM_TAKEN,
+    subjects.STREAM_WEIGHTS,
+    subjects.PHASE_REQUEST,
+    subjects.PHASE_DONE,
+    subjects.PHASE_PROGRESS,
+)
 # Where generation results go: the inboxes of the roles that ask for generations.
 GEN_CALLERS = (f"{inbox_prefix('envmgr')}.>", f"{inbox_prefix('reward')}.>")
 
@@ -101,15 +113,7 @@ PERMISSIONS: dict[str, Permissions] = {
         (
             subjects.TRAJ_DONE_ALL,
             subjects.CONTROL_CANCEL,
-            subjects.PHASE_REQUEST,
-            subjects.PHASE_DONE,
-            subjects.PHASE_PROGRESS,
-            subjects.STREAM_CREATE,
-            subjects.STREAM_GET,
-            subjects.STREAM_CANCEL,
-            subjects.STREAM_LEASE,
-            subjects.STREAM_TAKEN,
-            subjects.STREAM_WEIGHTS,
+            *TRAINER_REQUESTS,
         ),
     ),
     "router": _service(
@@ -185,15 +189,7 @@ PERMISSIONS: dict[str, Permissions] = {
     ),
     TRAINER: Permissions(
         publish=(
-            subjects.STREAM_CREATE,
-            subjects.STREAM_GET,
-            subjects.STREAM_CANCEL,
-            subjects.STREAM_LEASE,
-            subjects.STREAM_TAKEN,
-            subjects.STREAM_WEIGHTS,
-            subjects.PHASE_REQUEST,
-            subjects.PHASE_DONE,
-            subjects.PHASE_PROGRESS,
+            *TRAINER_REQUESTS,
             # Its stream's sample buffer: a durable consumer on LOOM_SAMPLES, and the results it points to.
             f"$JS.API.CONSUMER.INFO.{subjects.STREAM_SAMPLES}.>",
             f"$JS.API.CONSUMER.CREATE.{subjects.STREAM_SAMPLES}.>",

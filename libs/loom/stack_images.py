@@ -119,22 +119,13 @@ async def build_services(*, force: bool = False, say: Callable[[str], None] = pr
         say(f"{tag} is up to date ({digest})")
         return Built(tag, digest, False)
     tree = _stage_services(root, reqs, say)
-    try:
-        say(f"importing {tree} as {tag}")
-        import_tree(
-            tree,
-            tag,
-            [
-                f"USER {SERVICE_UID}:{SERVICE_UID}",
-                "WORKDIR /home/loom",
-                "ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LOOM_HOME=/home/loom/.loom",
-                f"LABEL loom.source={digest} loom.version={version(root)}",
-            ],
-        )
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-    say(f"built {tag}")
-    return Built(tag, digest, True)
+    changes = [
+        f"USER {SERVICE_UID}:{SERVICE_UID}",
+        "WORKDIR /home/loom",
+        "ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LOOM_HOME=/home/loom/.loom",
+        f"LABEL loom.source={digest} loom.version={version(root)}",
+    ]
+    return _import(tree, tag, digest, changes, say)
 
 
 def _stage_services(root: Path, reqs: list[str], say: Callable[[str], None]) -> Path:
@@ -183,19 +174,25 @@ async def build_nats(*, force: bool = False, say: Callable[[str], None] = print)
         (tree / "etc/nats").mkdir(parents=True, exist_ok=True)
         (tree / NATS_CONFIG.lstrip("/")).write_text(server_config("0.0.0.0", 4222, "/data", http_port=8222))
         _add_user(tree, "nats", NATS_UID, "/data")
-        say(f"importing {tree} as {tag} ({nats_version})")
-        import_tree(
-            tree,
-            tag,
-            [
-                f"USER {NATS_UID}:{NATS_UID}",
-                "WORKDIR /data",
-                'ENTRYPOINT ["/usr/local/bin/nats-server"]',
-                f'CMD ["-c", "{NATS_CONFIG}"]',
-                "EXPOSE 4222 8222",
-                f"LABEL loom.source={digest} loom.nats={nats_version.replace(' ', '-') or 'unknown'}",
-            ],
-        )
+        changes = [
+            f"USER {NATS_UID}:{NATS_UID}",
+            "WORKDIR /data",
+            'ENTRYPOINT ["/usr/local/bin/nats-server"]',
+            f'CMD ["-c", "{NATS_CONFIG}"]',
+            "EXPOSE 4222 8222",
+            f"LABEL loom.source={digest} loom.nats={nats_version.replace(' ', '-') or 'unknown'}",
+        ]
+    except BaseException:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise
+    return _import(tree, tag, digest, changes, say)
+
+
+def _import(tree: Path, tag: str, digest: str, changes: list[str], say: Callable[[str], None]) -> Built:
+    """Import the staged ``tree`` as ``tag`` and remove it."""
+    try:
+        say(f"importing {tree} as {tag}")
+        import_tree(tree, tag, changes)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     say(f"built {tag}")
