@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import logs
+from loom.natsserver import refusals
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, api_token, default_home, gather_health, read_state
@@ -66,7 +67,10 @@ async def _status(args: argparse.Namespace) -> int:
             t.add_row(svc, "-", "-", "-", "[red]no answer[/]")
         for h in sorted(hs, key=lambda h: h.instance):
             t.add_row(svc, h.instance, str(h.pid), f"{h.uptime_s:.0f}", json.dumps(h.details)[:80])
-    Console().print(t)
+    console = Console()
+    console.print(t)
+    refused = refusals(args.home / "nats" / "nats-server.log")
+    console.print("NATS refused: " + ", ".join(f"{k} {v}" for k, v in refused.items()))
     return 1 if missing else 0
 
 

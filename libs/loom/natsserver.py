@@ -43,6 +43,28 @@ def server_config(host: str, port: int, store: Path | str, http_port: int | None
     return out
 
 
+# How nats-server logs a refusal, by kind.
+REFUSALS = {
+    "publish": "Publish Violation - Subject",
+    "subscribe": "Subscription Violation - Subject",
+    "authentication": "authentication error",
+}
+
+
+def refusals(log_path: Path) -> dict[str, int]:
+    """Refusals nats-server logged (``log_path``), counted by kind: clients with a wrong or no password,
+    and publishes and subscriptions outside a user's permissions (``loom.nats_auth``)."""
+    counts = dict.fromkeys(REFUSALS, 0)
+    if not log_path.exists():
+        return counts
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            for kind, mark in REFUSALS.items():
+                if mark in line:
+                    counts[kind] += 1
+    return counts
+
+
 class NatsServer:
     """``port=0`` picks a free port; the chosen one is read back from the server's ports file."""
 

@@ -33,6 +33,7 @@ def test_status_reports_every_service(loom_up: LoomUp) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     for svc in subjects.SERVICES:
         assert svc in r.stdout
+    assert "NATS refused: publish 0, subscribe 0" in r.stdout
 
 
 def test_router_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]

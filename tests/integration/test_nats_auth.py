@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from loom import bus, nats_auth
-from loom.natsserver import NatsServer
+from loom.natsserver import NatsServer, refusals
 from loom.protocol import CancelJob, TrajDone, decode, encode, subjects
 
 
@@ -71,7 +71,7 @@ async def test_anonymous_and_wrong_passwords_are_refused(server: AuthServer) -> 
             max_reconnect_attempts=0,
             allow_reconnect=False,
         )
-    assert server.log.read_text().count("authentication error") == 3
+    assert refusals(server.log) == {"publish": 0, "subscribe": 0, "authentication": 3}
 
 
 async def _heard(nc: NATS, subject: str) -> list[bytes]:
@@ -150,6 +150,7 @@ async def test_each_service_is_held_to_its_role(server: AuthServer) -> None:
         await asyncio.sleep(0.3)
         log = server.violations()
         assert len(log) == 4, log
+        assert refusals(server.log) == {"publish": 3, "subscribe": 1, "authentication": 0}
         assert any("user:predictor" in v and subjects.results("job-1") in v for v in log)
         assert any("user:predictor" in v and subjects.CONTROL_CANCEL in v for v in log)
         assert any("user:rollout" in v and "Publish" in v and subjects.GEN_REQUEST in v for v in log)
