@@ -83,6 +83,28 @@ async def test_infinite_loop_is_killed_at_its_timeout(pool: SandboxPool) -> None
         assert (await sb.exec(["python3", "-c", "print(6 * 7)"])).stdout == "42\n"
 
 
+async def test_a_process_that_escapes_the_timeout_takes_the_sandbox_with_it(pool: SandboxPool) -> None:
+    """Commands run through the sandbox's resident agent; one that leaves a process outside its group
+    holding its output cannot be cleaned up, so the sandbox goes."""
+    async with pool.session("escape") as sb:
+        r = await sb.exec(["sh", "-c", "setsid sleep 600 & echo started"], timeout_s=1.0)
+        assert r.timed_out and r.stdout == "started\n"
+        assert sb.closed
+
+
+async def test_an_agent_that_dies_is_a_sandbox_error(pool: SandboxPool) -> None:
+    from loom.sandbox import SandboxError
+
+    async with pool.session("agent") as sb:
+        r = await sb.exec(["sh", "-c", "echo $GREETING; exit 3"], env={"GREETING": "hello"})
+        assert r.exit_code == 3 and r.stdout == "hello\n"
+        assert (await sb.exec(["no-such-command"])).exit_code == 127
+        # The agent is the command's parent: killing it loses the command's answer, and the sandbox.
+        with pytest.raises(SandboxError, match="agent exited"):
+            await sb.exec(["sh", "-c", "kill -9 $PPID; sleep 5"])
+        assert sb.closed
+
+
 async def test_fork_bomb_is_contained_by_the_pid_limit(pool: SandboxPool) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     async with pool.session("bomb") as sb:

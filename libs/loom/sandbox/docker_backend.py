@@ -16,15 +16,20 @@ import logging
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiodocker
+import aiohttp
 from aiodocker.containers import DockerContainer
+from aiodocker.stream import Stream
 
 from loom.sandbox import owner
 from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, CappedOutput, ExecResult, Limits, SandboxError
 
 log = logging.getLogger(__name__)
+
+AGENT = (Path(__file__).parent / "agent.py").read_text()
 
 LABEL = "loom.sandbox"
 USER = "10001:10001"
@@ -47,6 +52,17 @@ def docker_url() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
+def _engine_client() -> aiodocker.Docker:
+    """An Engine API client without aiohttp's cap of 100 connections: each sandbox's agent holds one
+    attached connection for the sandbox's life, and a pool may hold 256 sandboxes."""
+    url = docker_url()
+    if not url.startswith("unix://"):
+        return aiodocker.Docker(url=url)
+    d = aiodocker.Docker(url=url, connector=aiohttp.UnixConnector(url.removeprefix("unix://"), limit=0))
+    d.docker_host = "unix://localhost"  # what aiodocker composes URLs with when it makes the connector
+    return d
+
+
 class DockerSandbox:
     backend = "docker"
 
@@ -56,42 +72,70 @@ class DockerSandbox:
         self.id = container.id[:12]
         self.limits = limits
         self.closed = False
+        self._lock = asyncio.Lock()
+        self._stream: Stream | None = None
+        self._pending = bytearray()
 
     async def exec(
         self, cmd: list[str], *, timeout_s: float | None = None, env: dict[str, str] | None = None
     ) -> ExecResult:
+        """Run ``cmd`` through the sandbox's resident agent (``loom.sandbox.agent``): one request line in,
+        one answer line out, a command at a time."""
         if self.closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         t = self.limits.timeout_s if timeout_s is None else timeout_s
-        # timeout(1) puts the command in its own process group and kills the whole group, so a
-        # command's children (a fork bomb's included) die with it.
-        wrapped = ["timeout", "-s", "KILL", f"{t:.3f}s", *cmd]
-        out, err = CappedOutput(self.limits.output_bytes), CappedOutput(self.limits.output_bytes)
+        req = {"cmd": cmd, "timeout": t, "cap": self.limits.output_bytes, "env": env or {}, "cwd": WORKDIR}
         t0 = time.monotonic()
-        try:
-            ex = await self.container.exec(
-                wrapped, user=USER, environment=env, workdir=WORKDIR, stdout=True, stderr=True
-            )
-            async with asyncio.timeout(t + GRACE_S):
-                async with ex.start(detach=False) as stream:
-                    while (msg := await stream.read_out()) is not None:
-                        (out if msg.stream == 1 else err).add(msg.data)
-                info = await ex.inspect()
-        except TimeoutError:
-            # The in-container timeout did not end it (a process that escaped the group): the sandbox
-            # can no longer be trusted, so it goes.
-            log.warning("sandbox %s: command outlived its timeout by %.0f s; removing it", self.id, GRACE_S)
+        async with self._lock:
+            try:
+                async with asyncio.timeout(t + 2 * GRACE_S):
+                    answer = await self._ask(req)
+            except TimeoutError:
+                # The agent did not answer past the command's deadline: the sandbox can no longer be
+                # trusted, so it goes.
+                log.warning(
+                    "sandbox %s: no answer %.0f s past the deadline; removing it", self.id, 2 * GRACE_S
+                )
+                await self.close()
+                empty = CappedOutput(0)
+                return CappedOutput.result(TIMEOUT_EXIT, empty, empty, time.monotonic() - t0, timed_out=True)
+        if "error" in answer:
+            raise SandboxError(f"sandbox {self.id}: {answer['error']}")
+        if answer["escaped"]:
+            log.warning("sandbox %s: processes escaped a command's timeout; removing it", self.id)
             await self.close()
-            return CappedOutput.result(TIMEOUT_EXIT, out, err, time.monotonic() - t0, timed_out=True)
-        except aiodocker.DockerError as e:
-            raise SandboxError(f"sandbox {self.id}: {e.message}") from e
-        dt = time.monotonic() - t0
-        code = info.get("ExitCode")
-        if code is None:
-            raise SandboxError(f"sandbox {self.id}: exec ended without an exit code")
-        # SIGKILL from timeout(1) reads as 137; an OOM kill too, but that comes before the deadline.
-        timed_out = code == 128 + 9 and dt >= t
-        return CappedOutput.result(int(code), out, err, dt, timed_out)
+        return ExecResult(
+            TIMEOUT_EXIT if answer["timed_out"] else int(answer["code"]),
+            base64.b64decode(answer["out"]).decode(errors="replace"),
+            base64.b64decode(answer["err"]).decode(errors="replace"),
+            time.monotonic() - t0,
+            timed_out=bool(answer["timed_out"]),
+            truncated=bool(answer["truncated"]),
+        )
+
+    async def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self._stream is None:
+            self._stream = self.container.attach(stdin=True, stdout=True, stderr=True)
+        try:
+            await self._stream.write_in(json.dumps(req).encode() + b"\n")
+            while b"\n" not in self._pending:
+                msg = await self._stream.read_out()
+                if msg is None:
+                    raise SandboxError(f"sandbox {self.id}: its agent exited (killed, or out of memory)")
+                if msg.stream == 1:
+                    self._pending.extend(msg.data)
+                else:
+                    log.warning("sandbox %s agent: %s", self.id, msg.data[-500:].decode(errors="replace"))
+        except (aiodocker.DockerError, OSError, RuntimeError) as e:
+            await self.close()
+            raise SandboxError(f"sandbox {self.id}: {e}") from e
+        except SandboxError:
+            await self.close()
+            raise
+        line, _, rest = self._pending.partition(b"\n")
+        self._pending = bytearray(rest)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     async def write_files(self, files: dict[str, bytes | str]) -> None:
         batch: list[tuple[str, str, str]] = []
@@ -117,6 +161,9 @@ class DockerSandbox:
         if self.closed:
             return
         self.closed = True
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await self._stream.close()
         await self.engine.remove(self.container)
 
 
@@ -129,7 +176,7 @@ class DockerBackend:
         self.image = image
         self.lifetime_s = lifetime_s
         self.pool = pool
-        self.docker = aiodocker.Docker(url=docker_url())
+        self.docker = _engine_client()
 
     async def check(self) -> None:
         """Raise SandboxError unless the engine answers and has the image."""
@@ -146,7 +193,14 @@ class DockerBackend:
         expires = time.time() + self.lifetime_s
         return {
             "Image": self.image,
-            "Cmd": ["sleep", str(int(self.lifetime_s))],
+            # The resident agent runs the sandbox's commands; it exits (and the engine removes the
+            # container) when the sandbox's lifetime is up.
+            "Cmd": ["python3", "-c", AGENT, str(int(self.lifetime_s))],
+            "OpenStdin": True,
+            "StdinOnce": False,
+            "AttachStdin": True,
+            "AttachStdout": True,
+            "AttachStderr": True,
             "User": USER,
             "WorkingDir": WORKDIR,
             "Env": ["HOME=/work", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "LANG=C.UTF-8"],
@@ -215,3 +269,4 @@ class DockerBackend:
 
     async def close(self) -> None:
         await self.docker.close()
+        await self.docker.connector.close()
