@@ -180,10 +180,8 @@ async def gather_health(
 
 def operator_credentials(home: Path) -> tuple[str, str] | None:
     """The operator's NATS user of the Loom ``loom up`` runs in ``home``; None where it made none."""
-    path = home / "nats" / nats_auth.USERS_FILE
-    if not path.exists():
-        return None
-    return nats_auth.OPERATOR, str(json.loads(path.read_text())[nats_auth.OPERATOR])
+    password = nats_auth.stored(home / "nats").get(nats_auth.OPERATOR)
+    return None if password is None else (nats_auth.OPERATOR, password)
 
 
 def read_state(home: Path) -> dict[str, object]:

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loom.bus import inbox_prefix
-from loom.natsserver import server_config
+from loom.natsserver import container_config
 from loom.protocol import subjects
 
-P = subjects.PREFIX
 SERVICES = subjects.SERVICES
 TRAINER = "trainer"
 OPERATOR = "operator"
@@ -59,7 +58,7 @@ def _service(role: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) ->
             "$JS.ACK.>",
             "$JS.FC.>",
             subjects.dead_letter(role),
-            f"{P}.health.*",  # the container healthcheck runs as the service it checks
+            subjects.health("*"),  # the container healthcheck runs as the service it checks
             *publish,
         ),
         subscribe=(
@@ -206,7 +205,7 @@ PERMISSIONS: dict[str, Permissions] = {
         ),
     ),
     OPERATOR: Permissions(
-        publish=(f"{P}.health.*", f"{P}.metrics.*"), subscribe=(f"{inbox_prefix(OPERATOR)}.>",)
+        publish=(subjects.health("*"), subjects.metrics("*")), subscribe=(f"{inbox_prefix(OPERATOR)}.>",)
     ),
 }
 
@@ -232,11 +231,17 @@ def authorization(passwords: Mapping[str, str]) -> str:
     return f"authorization {{\n  users = {json.dumps(users, indent=2)}\n}}\n"
 
 
+def stored(directory: Path) -> dict[str, str]:
+    """The passwords kept in ``directory`` (none where it has no users file)."""
+    path = directory / USERS_FILE
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
 def passwords(directory: Path) -> dict[str, str]:
     """Every role's password, made on first use and kept in ``directory`` (mode 600)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / USERS_FILE
-    known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    known = stored(directory)
     if set(ROLES) - set(known):
         known = {r: known.get(r) or secrets.token_urlsafe(24) for r in ROLES}
         tmp = path.with_suffix(".tmp")
@@ -267,7 +272,7 @@ def write_compose_secrets(directory: Path) -> None:
     by that role's container user alone (the trainer's and operator's by root)."""
     pw = passwords(directory)
     conf = directory / NATS_CONFIG
-    conf.write_text(server_config("0.0.0.0", 4222, "/data", http_port=8222) + authorization(pw))
+    conf.write_text(container_config() + authorization(pw))
     os.chown(conf, NATS_UID, NATS_UID)
     conf.chmod(0o400)
     os.chown(directory / USERS_FILE, 0, 0)

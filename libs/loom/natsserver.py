@@ -43,6 +43,12 @@ def server_config(host: str, port: int, store: Path | str, http_port: int | None
     return out
 
 
+def container_config() -> str:
+    """The configuration of nats-server in its container (the NATS image, compose): every interface,
+    JetStream on the /data volume, monitoring on 8222 for the healthcheck."""
+    return server_config("0.0.0.0", 4222, "/data", http_port=8222)
+
+
 # How nats-server logs a refusal, by kind.
 REFUSALS = {
     "publish": "Publish Violation - Subject",

@@ -26,18 +26,9 @@ import aiodocker
 
 import loom
 from loom.nats_auth import COMPOSE_UIDS, NATS_UID
-from loom.natsserver import find_binary, server_config
+from loom.natsserver import container_config, find_binary
 from loom.sandbox.docker_backend import docker_url
-from loom.sandbox.images import (
-    PYTHON,
-    SLIM,
-    Recipe,
-    import_tree,
-    rootfs,
-    run_step,
-    tmpdir,
-    wheelhouse,
-)
+from loom.sandbox.images import PYTHON, Recipe, copy_rootfs, import_tree, run_step, tmpdir, wheelhouse
 from loom.sandbox.types import SandboxError
 
 SERVICES_REPO = "loom"
@@ -86,7 +77,7 @@ def source_digest(root: Path, requirements: list[str]) -> str:
 
 def nats_digest(binary: str) -> str:
     h = hashlib.sha256(Path(binary).read_bytes())
-    h.update(server_config("0.0.0.0", 4222, "/data", http_port=8222).encode())
+    h.update(container_config().encode())
     return h.hexdigest()[:12]
 
 
@@ -114,7 +105,8 @@ async def build_services(*, force: bool = False, say: Callable[[str], None] = pr
     root = checkout()
     reqs = serving_requirements(root)
     digest = source_digest(root, reqs)
-    tag = f"{SERVICES_REPO}:{version(root)}"
+    release = version(root)
+    tag = f"{SERVICES_REPO}:{release}"
     if not force and await label(tag) == digest:
         say(f"{tag} is up to date ({digest})")
         return Built(tag, digest, False)
@@ -123,15 +115,25 @@ async def build_services(*, force: bool = False, say: Callable[[str], None] = pr
         f"USER {SERVICE_UID}:{SERVICE_UID}",
         "WORKDIR /home/loom",
         "ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LOOM_HOME=/home/loom/.loom",
-        f"LABEL loom.source={digest} loom.version={version(root)}",
+        f"LABEL loom.source={digest} loom.version={release}",
     ]
     return _import(tree, tag, digest, changes, say)
 
 
 def _stage_services(root: Path, reqs: list[str], say: Callable[[str], None]) -> Path:
     wh = wheelhouse(tuple(reqs), say)
+    out = copy_rootfs(Recipe(), say, "stack-")
+    try:
+        _install_services(root, reqs, wh, out, say)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return out
+
+
+def _install_services(root: Path, reqs: list[str], wh: Path, out: Path, say: Callable[[str], None]) -> None:
+    """Loom and its serving dependencies into the tree ``out``, a ``loom`` launcher, the services' users."""
     loom_wheels = tmpdir("loom-wheel-")
-    out = _base_tree(say)
     try:
         say("building Loom's wheel")
         run_step(
@@ -157,7 +159,6 @@ def _stage_services(root: Path, reqs: list[str], say: Callable[[str], None]) -> 
         for role, uid in COMPOSE_UIDS.items():
             f.write(f"loom-{role}:x:{uid}:{SERVICE_UID}:{role}:/home/loom:/usr/sbin/nologin\n")
     (out / "home/loom").chmod(0o775)
-    return out
 
 
 async def build_nats(*, force: bool = False, say: Callable[[str], None] = print) -> Built:
@@ -168,11 +169,11 @@ async def build_nats(*, force: bool = False, say: Callable[[str], None] = print)
         say(f"{tag} is up to date ({digest})")
         return Built(tag, digest, False)
     nats_version = _version_of(binary)
-    tree = _base_tree(say)
+    tree = copy_rootfs(Recipe(), say, "stack-")
     try:
         shutil.copy2(binary, tree / "usr/local/bin/nats-server")
         (tree / "etc/nats").mkdir(parents=True, exist_ok=True)
-        (tree / NATS_CONFIG.lstrip("/")).write_text(server_config("0.0.0.0", 4222, "/data", http_port=8222))
+        (tree / NATS_CONFIG.lstrip("/")).write_text(container_config())
         _add_user(tree, "nats", NATS_UID, "/data")
         changes = [
             f"USER {NATS_UID}:{NATS_UID}",
@@ -201,17 +202,6 @@ def _import(tree: Path, tag: str, digest: str, changes: list[str], say: Callable
 
 def _version_of(binary: str) -> str:
     return subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
-
-
-def _base_tree(say: Callable[[str], None]) -> Path:
-    """A copy of the sandbox's Debian root filesystem (python3, no docs or caches)."""
-    base = rootfs(Recipe(), say)
-    out = tmpdir("stack-")
-    run_step(["cp", "-a", f"{base}/.", str(out)], "copying the root filesystem")
-    for rel in SLIM:
-        shutil.rmtree(out / rel, ignore_errors=True)
-    (out / ".complete").unlink(missing_ok=True)
-    return out
 
 
 def _add_user(tree: Path, name: str, uid: int, home: str) -> None:

@@ -184,7 +184,7 @@ class StreamManager:
     def in_flight(self, tenant: str) -> int:
         """The most trajectories the tenant's running streams keep in flight (their open groups' samples)."""
         return sum(
-            st.spec.buffer_groups * samples_per_group(st.spec.job_spec())
+            _bound(st.spec)
             for st in self.streams.values()
             if st.spec.tenant == tenant and st.state == "running"
         )
@@ -193,7 +193,7 @@ class StreamManager:
         job_spec = spec.job_spec()
         tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
         # The record holds every open group and the work queue every sample of them: both stay bounded.
-        in_flight = spec.buffer_groups * samples_per_group(job_spec)
+        in_flight = _bound(spec)
         if spec.buffer_groups > MAX_OPEN_GROUPS or in_flight > self.settings.max_job_trajectories:
             raise SpecError(
                 ["buffer_groups"],
@@ -640,3 +640,8 @@ class StreamManager:
                 s.id: {"version": s.version, "open": len(s.open), "delivered": s.delivered} for s in running
             }
         }
+
+
+def _bound(spec: StreamSpec) -> int:
+    """The most trajectories a stream keeps in flight: its open groups' samples."""
+    return spec.buffer_groups * samples_per_group(spec.job_spec())

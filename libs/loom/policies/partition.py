@@ -248,12 +248,13 @@ def realised_makespans(
             continue
         idx = part.order[a:b]
         prof = workers[w]
-        real = lens[idx] * f[:, idx]
+        fi = f[:, idx]
+        real = lens[idx] * fi
         share = prof.share(wts[idx])
         rate = prof.per_token_s * prof.work_rate
         work = real @ share + (prof.prefill_s / rate if rate > 0 else 0.0) * pre[idx].sum()
         size = np.full(len(out), share.sum())
-        t = prof.group_time(real.max(axis=1), size, work) + (tl[idx] * f[:, idx]).max(axis=1)
+        t = prof.group_time(real.max(axis=1), size, work) + (tl[idx] * fi).max(axis=1)
         out = np.maximum(out, t)
     return out
 

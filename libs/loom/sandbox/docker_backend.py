@@ -25,7 +25,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
 from loom.sandbox import owner
-from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, CappedOutput, ExecResult, Limits, SandboxError
+from loom.sandbox.types import TIMEOUT_EXIT, WORKDIR, ExecResult, Limits, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,7 @@ class DockerSandbox:
                     "sandbox %s: no answer %.0f s past the deadline; removing it", self.id, 2 * GRACE_S
                 )
                 await self.close()
-                empty = CappedOutput(0)
-                return CappedOutput.result(TIMEOUT_EXIT, empty, empty, time.monotonic() - t0, timed_out=True)
+                return ExecResult(TIMEOUT_EXIT, "", "", time.monotonic() - t0, timed_out=True)
         if "error" in answer:
             raise SandboxError(f"sandbox {self.id}: {answer['error']}")
         if answer["escaped"]:

@@ -120,16 +120,22 @@ def wheelhouse(packages: tuple[str, ...], say: Callable[[str], None]) -> Path:
     return wh
 
 
-def stage(recipe: Recipe, say: Callable[[str], None]) -> Path:
-    """A copy of the root filesystem with the wheels installed, an unprivileged user, and no docs."""
+def copy_rootfs(recipe: Recipe, say: Callable[[str], None], prefix: str) -> Path:
+    """A fresh copy of the recipe's root filesystem without docs or caches, to stage an image in."""
     base = rootfs(recipe, say)
-    wh = wheelhouse(recipe.packages, say)
-    out = tmpdir("stage-")
+    out = tmpdir(prefix)
     run_step(["cp", "-a", f"{base}/.", str(out)], "copying the root filesystem")
     for rel in SLIM:
         shutil.rmtree(out / rel, ignore_errors=True)
-    (out / "work").mkdir(exist_ok=True)
     (out / ".complete").unlink(missing_ok=True)
+    return out
+
+
+def stage(recipe: Recipe, say: Callable[[str], None]) -> Path:
+    """A copy of the root filesystem with the wheels installed, an unprivileged user, and no docs."""
+    wh = wheelhouse(recipe.packages, say)
+    out = copy_rootfs(recipe, say, "stage-")
+    (out / "work").mkdir(exist_ok=True)
     if recipe.packages:
         target = out / "usr/local/lib" / PYTHON / "dist-packages"
         # The tree's Python is the same minor version as the host's, so the host's pip can install
