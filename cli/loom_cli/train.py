@@ -175,7 +175,7 @@ def stream_spec(cfg: TrainConfig, alpha: int) -> StreamSpec:
     task = TASKS[cfg.task]
     return StreamSpec(
         name=f"loom train (async_bound {alpha})",
-        env=task.env,  # type: ignore[arg-type]
+        env=task.env,
         model=MODEL,
         dataset={"name": task.train},  # type: ignore[arg-type]
         group_size=cfg.group_size,

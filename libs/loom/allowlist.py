@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from loom.settings import default_shared_dir
 
@@ -41,6 +43,16 @@ def check_code(path: str) -> None:
         f"{path!r} is not in the operator's allowlist ({CODE_ALLOW_ENV}); only built-in functions and "
         "modules under its prefixes may run"
     )
+
+
+def load(path: str) -> Any:
+    """What ``module:name`` names, imported only when allowed: NotAllowed, else ImportError with the cause."""
+    check_code(path)
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except AttributeError as e:
+        raise ImportError(f"{module} has no {name!r}") from e
 
 
 def data_dirs() -> tuple[Path, ...]:

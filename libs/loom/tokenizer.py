@@ -13,8 +13,38 @@ from tiktoken.load import load_tiktoken_bpe
 
 from loom.settings import default_shared_dir
 
-# Qwen's special tokens follow its 151,643 ordinary ones: <|endoftext|>, <|im_start|>, <|im_end|>.
+# Qwen's added tokens follow its 151,643 ordinary ones, in this order (Qwen2.5 and Qwen3 alike). The chat
+# markers and the tool-call tags among them are single tokens in a chat, never spelled out in pieces.
+ADDED_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
 ENDOFTEXT = 151_643
+IM_START = 151_644
 IM_END = 151_645
 # A Qwen3 instruct model ends a turn with <|im_end|>, a base model with <|endoftext|>: either stops a call.
 STOP_IDS = (ENDOFTEXT, IM_END)
@@ -31,6 +61,18 @@ def qwen_tokenizer(path: str | None = None) -> tiktoken.Encoding:
         )
     return tiktoken.Encoding(
         "qwen", pat_str=QWEN_PATTERN, mergeable_ranks=load_tiktoken_bpe(str(p)), special_tokens={}
+    )
+
+
+@lru_cache(maxsize=1)
+def chat_tokenizer() -> tiktoken.Encoding:
+    """Qwen's tokenizer with its added tokens: what a chat template's text is encoded with."""
+    base = qwen_tokenizer()
+    return tiktoken.Encoding(
+        "qwen-chat",
+        pat_str=QWEN_PATTERN,
+        mergeable_ranks=base._mergeable_ranks,
+        special_tokens={t: ENDOFTEXT + i for i, t in enumerate(ADDED_TOKENS)},
     )
 
 

@@ -48,6 +48,7 @@ from services.envmgr.env_loop import run_env
 from services.envmgr.groups import GroupLedger
 from services.envmgr.replay import run_replay
 from services.envmgr.settings import EnvmgrSettings
+from services.envmgr.user_loop import env_class, run_user_env
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,9 @@ class EnvManager:
                 r.start_version = await self._stream_version(w.job_id)
             if w.env == "replay":
                 return await run_replay(w, self.ctx)
+            if ":" in w.env:
+                sandboxed = bool(getattr(env_class(w.env), "needs_sandbox", False))
+                return await run_user_env(w, self.ctx, await self.sandboxes.get() if sandboxed else None)
             pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
             return await run_env(w, self.ctx, pool)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from loom import allowlist
-from loom.envs import registry
+from loom.envs import registry, tasksets
 from loom.envs.replay import SIBLINGS
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
 from loom.protocol.messages import BUILTIN_REWARDS
@@ -42,6 +42,10 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
                 if not isinstance(value, str):
                     raise SpecError(["tasks", n, "data", key], "a path must be a string")
                 _allowed(["tasks", n, "data", key], allowlist.check_data_file, value)
+    if spec.env == "external" or ":" in spec.env:
+        return _record_tasks(spec)
+    if spec.dataset is not None and spec.dataset.name == "jsonl":
+        raise SpecError(["dataset", "name"], f"a jsonl task set feeds user environments, not {spec.env!r}")
     if spec.env != "replay":
         return _env_tasks(spec)
     path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces
@@ -62,6 +66,30 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
             raise SpecError(["tasks", n, "data", "siblings"], f"siblings must be one of {SIBLINGS}")
         out.append(TaskSpec(id=t.id, data={**t.data, **_replay_data(traces[tid], path)}))
     return out
+
+
+def _record_tasks(spec: JobSpec) -> list[TaskSpec]:
+    """Tasks of a user environment or an external agent: inline, or one per line of a jsonl set, each task's
+    data handed to the environment (or the agent) as it is. The environment's code is never imported here:
+    its path is checked against the operator's allowlist as text."""
+    if ":" in spec.env:
+        _allowed(["env"], allowlist.check_code, spec.env)
+    if spec.scripted:
+        raise SpecError(
+            ["scripted"], "scripted actions come from the built-in environments' reference solutions"
+        )
+    ds = spec.dataset
+    if ds is None:
+        return list(spec.tasks)
+    if ds.name != "jsonl" or not ds.path:
+        raise SpecError(
+            ["dataset", "name"], f"environment {spec.env!r} takes inline tasks or a jsonl set with a path"
+        )
+    try:
+        recs = tasksets.records(ds.path)
+    except (ValueError, OSError) as e:
+        raise SpecError(["dataset", "path"], str(e)) from e
+    return [TaskSpec(id=i, data=recs[i]) for i in _window(ds, list(recs), "tasks")]
 
 
 def _allowed(loc: list[str | int], check: Callable[[str], object], value: str) -> None:
@@ -148,6 +176,7 @@ def group_works(
             sampling=spec.sampling,
             async_bound=async_bound,
             tag=tag_of(spec, task),
+            env_params=spec.env_params,
         )
         for s in range(samples_per_group(spec))
     ]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from loom import chat
 from loom.envs import actions, hotpotqa
 from tests.e2e.conftest import LoomUp
 
@@ -85,28 +86,88 @@ def test_redundant_rollouts_keep_group_size_samples_per_group(
         assert len(dropped) == 2 and all(t["finish_reason"].startswith("redundant") for t in dropped)
 
 
-def test_failed_environments_end_only_their_own_trajectories(
+def test_job_on_an_environment_from_outside_the_project_completes(
     sandbox_image: str, loom_up: LoomUp, tmp_path: Path
 ) -> None:
-    # Unscripted on the simulated engine, whose results carry no text: each trajectory of this job ends,
-    # failed, with the reason; a scripted job running beside it is untouched.
-    bad = _submit(
-        loom_up, tmp_path, {"env": "code", "dataset": {"name": "humaneval", "limit": 2}, "group_size": 2}
-    )
-    good = _submit(
+    # examples/loom-guess is installed as a user's package and allowed (LOOM_CODE_ALLOW); the simulated
+    # engine's replies are random tokens, so the games are lost, but every turn is recorded as the engine
+    # saw it: the chat template's prompt with the tools, the output ids and their log-probs.
+    guess = _submit(
         loom_up,
         tmp_path,
         {
-            "env": "math",
-            "dataset": {"name": "gsm8k", "offset": 5, "limit": 2},
+            "env": "loom_guess:Guess",
+            "tasks": [{"id": f"g{i}", "data": {"secret": 10 * i + 3, "tries": 2}} for i in range(3)],
             "group_size": 2,
-            "scripted": True,
-            "env_concurrency": 1,
+            "max_turns": 4,
+            "max_turn_tokens": 12,
+            "sampling": {"logprobs": True},
         },
     )
-    jb, jg = loom_up.wait_job(bad, timeout=300), loom_up.wait_job(good, timeout=300)
-    assert jb["failed"] == 4 and jb["completed"] == 0, jb
-    assert jg["completed"] == 4 and jg["failed"] == 0, jg
-    for t in _results(loom_up, tmp_path, bad):
-        assert t["status"] == "failed" and "scripted" in t["finish_reason"] and t["reward"] is None
-    assert all(t["reward"] == 1.0 for t in _results(loom_up, tmp_path, good))
+    quiz = _submit(
+        loom_up,
+        tmp_path,
+        {
+            "env": "loom_guess:ShellQuiz",
+            "env_params": {"command_timeout_s": 2},
+            "tasks": [
+                {"id": "q", "data": {"files": {"a.txt": "x"}, "question": "What is in a.txt?", "answer": "x"}}
+            ],
+            "group_size": 2,
+            "max_turns": 2,
+            "max_turn_tokens": 8,
+        },
+    )
+    job = loom_up.wait_job(guess, timeout=300)
+    assert job["state"] == "completed" and job["completed"] == 6 and job["failed"] == 0, job
+    for t in _results(loom_up, tmp_path, guess):
+        assert t["status"] == "completed" and t["finish_reason"] == "done", t
+        assert t["reward"] == 0.0 and t["info"]["verdict"]["rewards"] == [None, 0.0], t["info"]
+        first, second = t["steps"]
+        prompt = chat.decode(first["prompt_ids"])
+        assert (
+            prompt.startswith("<|im_start|>system\nYou are playing a guessing game.")
+            and '"name": "guess"' in prompt
+        )
+        assert prompt.endswith("<|im_start|>assistant\n")
+        for s in t["steps"]:
+            assert len(s["output_ids"]) == len(s["output_logprobs"]) == s["output_len"] == 12
+        # What follows a reply: the end of its turn (cut at the length limit), the observation, the prompt.
+        assert chat.decode(second["prompt_ids"]) == chat.continuation(
+            [{"role": "user", "content": first["observation"]}], ended=False
+        )
+    job = loom_up.wait_job(quiz, timeout=300)
+    assert job["completed"] == 2 and job["failed"] == 0, job
+    assert all(t["info"]["sandbox"] == "docker" for t in _results(loom_up, tmp_path, quiz))
+
+
+def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, tmp_path: Path) -> None:
+    base = {"group_size": 2, "max_turns": 3, "max_turn_tokens": 8, "tool_timeout_s": 1}
+    tasks = [{"id": "a", "data": {"turns": 2}}]
+    jobs = {
+        name: _submit(
+            loom_up, tmp_path, {**base, "env": f"tests.integration.user_envs:{name}", "tasks": tasks}
+        )
+        for name in ("RaisesInReset", "RaisesInStep", "HangsInStep", "Echo")
+    }
+    # A reset that fails transiently is retried on a fresh instance: its trajectories complete.
+    flaky = [{"id": f"f{i}", "data": {"turns": 1, "key": f"{tmp_path.name}-{i}"}} for i in range(2)]
+    jobs["FlakyReset"] = _submit(
+        loom_up,
+        tmp_path,
+        {**base, "env": "tests.integration.user_envs:FlakyReset", "tasks": flaky, "group_size": 1},
+    )
+    reasons = {
+        "RaisesInReset": "reset raised RuntimeError: no board for this task",
+        "RaisesInStep": "step 0 raised ValueError: bad move",
+        "HangsInStep": "step 0 did not return within 1 s",
+    }
+    for name, reason in reasons.items():
+        job = loom_up.wait_job(jobs[name], timeout=300)
+        assert job["failed"] == 2 and job["completed"] == 0, (name, job)
+        for t in _results(loom_up, tmp_path, jobs[name]):
+            assert t["status"] == "failed" and reason in t["finish_reason"] and t["reward"] is None, t
+    for name in ("Echo", "FlakyReset"):
+        job = loom_up.wait_job(jobs[name], timeout=300)
+        assert job["completed"] == 2 and job["failed"] == 0, (name, job)
+        assert all(t["reward"] == 0.5 for t in _results(loom_up, tmp_path, jobs[name]))

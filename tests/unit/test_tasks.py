@@ -104,3 +104,36 @@ def test_specs_name_only_code_and_files_the_operator_allowed(
     with pytest.raises(SpecError) as e:
         resolve_tasks(JobSpec(env="math", tasks=[task]), None)
     assert e.value.loc == ["tasks", 0, "data", "path"]
+
+
+def test_user_environment_tasks_come_inline_or_from_a_jsonl_set_unimported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOM_DATA_DIRS", str(tmp_path))
+    f = tmp_path / "guess.jsonl"
+    f.write_text('{"id": "a", "secret": 3}\n\n{"secret": 5}\n{"id": "c", "secret": 9}\n')
+    spec = JobSpec(
+        env="loom_guess:Guess", dataset=DatasetRef(name="jsonl", path=str(f), offset=1), env_params={"k": 2}
+    )
+    tasks = resolve_tasks(spec, None)
+    assert [(t.id, t.data) for t in tasks] == [("line3", {"secret": 5}), ("c", {"id": "c", "secret": 9})]
+    spec.tasks = tasks
+    assert {(w.env, w.reward, str(w.env_params)) for w in expand("j", spec)} == {
+        ("loom_guess:Guess", "env", "{'k': 2}")
+    }
+    inline = [TaskSpec(id="x", data={"secret": 1})]
+    assert resolve_tasks(JobSpec(env="external", tasks=inline), None) == inline
+    # The class's module is checked as text against the allowlist, never imported to check it.
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(env="os:System", tasks=inline), None)
+    assert e.value.loc == ["env"] and "allowlist" in e.value.msg
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(env="loom_guess:Guess", tasks=inline, scripted=True), None)
+    assert e.value.loc == ["scripted"]
+    f.write_text('{"id": "a"}\n{"id": "a"}\n')
+    with pytest.raises(SpecError, match="appears twice") as e:
+        resolve_tasks(JobSpec(env="loom_guess:Guess", dataset=DatasetRef(name="jsonl", path=str(f))), None)
+    assert e.value.loc == ["dataset", "path"]
+    with pytest.raises(SpecError) as e:
+        resolve_tasks(JobSpec(env="code", dataset=DatasetRef(name="jsonl", path=str(f))), None)
+    assert e.value.loc == ["dataset", "name"]

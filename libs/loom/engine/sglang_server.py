@@ -30,16 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
 import time
 import uuid
-from array import array
 from collections.abc import AsyncIterator, Generator
 from typing import Any, Literal
 
@@ -60,7 +57,7 @@ from pydantic import BaseModel, ConfigDict
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.sim import SimEngine
-from loom.engine.token_ids import ContextKeys, synth_ids
+from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +288,7 @@ class _SimServer:
         self._no_readers.clear()
         try:
             out = await self._run(req, request)
-            seed = _seed(ids)
+            seed = ids_key(ids)
             output_ids = synth_ids(seed, out.output_len)
             computed = ids + output_ids
         finally:
@@ -304,11 +301,11 @@ class _SimServer:
         meta = self._meta(req, len(ids), out)
         if start is not None:
             # [logprob, token_id, text]: text only with return_text_in_logprobs, which needs a tokenizer.
-            logprobs = _synth_logprobs(seed + "/out", out.output_len)
+            logprobs = synth_logprobs(seed + "/out", out.output_len)
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)
             ]
-            prompt = _synth_logprobs(seed + "/in", len(ids))
+            prompt = synth_logprobs(seed + "/in", len(ids))
             meta["input_token_logprobs"] = [
                 [prompt[i] if i > start else None, ids[i], None] for i in range(start, len(ids))
             ]
@@ -540,18 +537,8 @@ async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: floa
         sock.close()
 
 
-def _seed(ids: list[int]) -> str:
-    return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
-
-
 def _is_dir(path: str) -> bool:
     return os.path.isdir(os.path.expanduser(path))
-
-
-def _synth_logprobs(key: str, n: int) -> list[float]:
-    """``n`` placeholder log-probabilities, each the log of a uniform draw in (0, 1] from ``key``'s stream:
-    at most 0, about -1 on average, the same for the same key."""
-    return [math.log((w + 1) / 2**32) for w in synth_ids(key, n, vocab=2**32)]
 
 
 def _update_answer(success: bool, message: str, status: int | None = None) -> JSONResponse:

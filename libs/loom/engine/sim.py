@@ -10,6 +10,7 @@ import os
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.sim_core import SimCore, build_core
+from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs
 from loom.engine.train_perf import weight_sync_s
 
 __all__ = ["SimCore", "SimEngine"]
@@ -21,8 +22,10 @@ class SimEngine:
     One background task advances the core to the clock, resolves finished requests, then sleeps until the
     core's next event or until a submission, abort or control call wakes it.
 
-    Outputs carry token counts, not token ids (trace replay has lengths only), so no log-probs either; the
-    SGLang-compatible server over it (``sglang_server``) synthesizes both.
+    A request of lengths (trace replay) gets token counts back. A request that sends its token ids gets
+    placeholder output ids and log-probs, a stream keyed by its context and rid (a model with random
+    weights, as far as anything downstream can tell); the SGLang-compatible server over it
+    (``sglang_server``) synthesizes its own the same way, keyed by the context alone.
     """
 
     def __init__(
@@ -88,7 +91,7 @@ class SimEngine:
         self._futures[req.rid] = future
         self._wake.set()
         try:
-            return await future
+            return _with_ids(req, await future)
         except asyncio.CancelledError:
             self._abort(req.rid)
             raise
@@ -201,3 +204,13 @@ class SimEngine:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
+
+
+def _with_ids(req: EngineRequest, out: EngineOutput) -> EngineOutput:
+    if req.input_ids is None or out.output_ids is not None:
+        return out
+    key = f"{ids_key(req.input_ids)}/{req.rid}"
+    out.output_ids = synth_ids(key, out.output_len)
+    if req.return_logprob:
+        out.output_logprobs = synth_logprobs(key + "/lp", out.output_len)
+    return out

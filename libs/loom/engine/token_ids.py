@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import struct
 from array import array
 from collections import Counter, OrderedDict
@@ -42,6 +43,17 @@ def synth_ids(key: str, n: int, start: int = 0, vocab: int = QWEN3_ORDINARY) -> 
         ids.extend(w % vocab for w in _WORDS.unpack(digest))
     offset = start - first * _SYNTH_BLOCK
     return ids[offset : offset + n]
+
+
+def ids_key(ids: Sequence[int]) -> str:
+    """A stream key of a context's ids: a simulated engine's output for a context is this key's stream."""
+    return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
+
+
+def synth_logprobs(key: str, n: int) -> list[float]:
+    """``n`` placeholder log-probabilities, each the log of a uniform draw in (0, 1] from ``key``'s stream:
+    at most 0, about -1 on average, the same for the same key."""
+    return [math.log((w + 1) / 2**32) for w in synth_ids(key, n, vocab=2**32)]
 
 
 class ContextIds:

@@ -19,6 +19,15 @@ SYSTEM = (
 )
 
 
+def reference_actions(task: CodeTask) -> list[str]:
+    """Run the reference solution once to see it defines the entry point, then submit it."""
+    if task.reference is None:
+        raise ValueError(f"{task.id} has no reference solution to script actions from")
+    source = task.prompt + task.reference
+    probe = f"{source}\n\nprint({task.entry_point!r}, 'defined:', callable({task.entry_point}))\n"
+    return [json_call("python", code=probe), json_call("submit", code=source)]
+
+
 class CodeEnv:
     name = "code"
 
@@ -55,13 +64,7 @@ class CodeEnv:
         return Observation("All tests passed." if passed else "Tests failed:\n" + show(r), done=True)
 
     def reference_actions(self) -> list[str]:
-        if self.task.reference is None:
-            raise ValueError(f"{self.task.id} has no reference solution to script actions from")
-        source = self.task.prompt + self.task.reference
-        probe = (
-            f"{source}\n\nprint({self.task.entry_point!r}, 'defined:', callable({self.task.entry_point}))\n"
-        )
-        return [json_call("python", code=probe), json_call("submit", code=source)]
+        return reference_actions(self.task)
 
     def verdict(self) -> dict[str, Any]:
         return dict(self.result)

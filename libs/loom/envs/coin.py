@@ -218,6 +218,10 @@ def box_of(arguments: dict[str, Any]) -> int | None:
     return None
 
 
+def reference_actions(task: CoinTask) -> list[str]:
+    return [open_action(b) for b in blind_play(task, random.Random(task.id))]
+
+
 class CoinEnv:
     name = "coin"
 
@@ -275,7 +279,7 @@ class CoinEnv:
         """A legal play that ignores the clue (distinct boxes, seeded by the task id) as ``Open[N]`` calls, as
         the warm start's demonstrator plays half of its games. It finds the coin in ``tries / boxes`` of games
         on average (a script that does not find it ends when the tries run out)."""
-        return [open_action(b) for b in blind_play(self.task, random.Random(self.task.id))]
+        return reference_actions(self.task)
 
     def verdict(self) -> dict[str, Any]:
         """``score`` 1.0 when the coin was found; ``reason`` is ``found``, ``out of tries``, what made the last

@@ -39,6 +39,12 @@ def same_answer(given: str, gold: str) -> bool:
     return a is not None and a == b
 
 
+def reference_actions(task: MathTask) -> list[str]:
+    """The solution's calculations as python calls, then its answer."""
+    calls = [json_call("python", code=f"print({expr.strip()})") for expr, _ in _CALC.findall(task.solution)]
+    return [*calls, f"Thought: the answer is {task.answer}.\nAction: Finish[{task.answer}]"]
+
+
 class MathEnv:
     name = "math"
 
@@ -66,11 +72,7 @@ class MathEnv:
         return Observation(show(await self.sandbox.exec(["python3", "calc.py"], timeout_s=self.timeout_s)))
 
     def reference_actions(self) -> list[str]:
-        calls = [
-            json_call("python", code=f"print({expr.strip()})")
-            for expr, _ in _CALC.findall(self.task.solution)
-        ]
-        return [*calls, f"Thought: the answer is {self.task.answer}.\nAction: Finish[{self.task.answer}]"]
+        return reference_actions(self.task)
 
     def verdict(self) -> dict[str, Any]:
         return dict(self.result)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from loom.envs import coin, hotpotqa, tasksets
+from loom.envs import code_env, coin, hotpotqa, math_env, search_env, tasksets
 from loom.envs.base import Env
-from loom.envs.code_env import CodeEnv
-from loom.envs.math_env import MathEnv
-from loom.envs.search_env import SearchEnv, index
 from loom.protocol import TaskSpec
 from loom.sandbox import Sandbox
 from loom.tokenizer import count_tokens
@@ -90,28 +87,32 @@ def task_of(spec: TaskSpec) -> Any:
     return _load(str(spec.data["set"]), spec.data.get("path"))[spec.id]
 
 
-class _NoSandbox:
-    """Stands in where only the reference actions are wanted; any use is a bug."""
-
-    id = backend = "none"
-
-    def __getattr__(self, name: str) -> Any:
-        raise RuntimeError("this environment was made without a sandbox")
+# A task's scripted actions come from its data alone: no environment is built (no search index, no sandbox).
+_SCRIPTS: dict[str, Callable[[Any], list[str]]] = {
+    "code": code_env.reference_actions,
+    "math": math_env.reference_actions,
+    "search": search_env.reference_actions,
+    "coin": coin.reference_actions,
+}
 
 
 def reference_actions(env: str, spec: TaskSpec) -> list[str]:
     """The scripted actions for a task; ValueError when its task set has no reference solution."""
-    return make(env, spec, _NoSandbox(), 1.0).reference_actions()
+    if env not in _SCRIPTS:
+        raise ValueError(f"environment {env!r} has no reference solutions to script actions from")
+    return _SCRIPTS[env](task_of(spec))
 
 
 def make(env: str, spec: TaskSpec, sandbox: Sandbox | None, timeout_s: float) -> Env:
     task = task_of(spec)
     if env == "search":
-        return SearchEnv(task, index(spec.data.get("path")))
+        return search_env.SearchEnv(task, search_env.index(spec.data.get("path")))
     if env == "coin":
         return coin.CoinEnv(task)
     if env not in SANDBOXED:
         raise ValueError(f"unknown environment {env!r}")
     if sandbox is None:
         raise ValueError(f"environment {env!r} needs a sandbox")
-    return CodeEnv(task, sandbox, timeout_s) if env == "code" else MathEnv(task, sandbox, timeout_s)
+    if env == "code":
+        return code_env.CodeEnv(task, sandbox, timeout_s)
+    return math_env.MathEnv(task, sandbox, timeout_s)

@@ -45,6 +45,13 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
 
 
+def reference_actions(qa: hotpotqa.QA) -> list[str]:
+    """The actions of a correct ReAct run of the question, from the logs."""
+    if not qa.reference:
+        raise ValueError(f"{qa.id} has no correct run in the logs to script actions from")
+    return [f"Thought {k + 1}: next step.\nAction {k + 1}: {a}" for k, a in enumerate(qa.reference)]
+
+
 class SearchEnv:
     name = "search"
 
@@ -83,9 +90,7 @@ class SearchEnv:
         return unknown_tool(call, TOOLS)
 
     def reference_actions(self) -> list[str]:
-        if not self.qa.reference:
-            raise ValueError(f"{self.qa.id} has no correct run in the logs to script actions from")
-        return [f"Thought {k + 1}: next step.\nAction {k + 1}: {a}" for k, a in enumerate(self.qa.reference)]
+        return reference_actions(self.qa)
 
     def verdict(self) -> dict[str, Any]:
         return dict(self.result)

@@ -166,3 +166,28 @@ def arith(split: str = "train") -> dict[str, MathTask]:
         t = MathTask(f"{name}/{i}", arith_question(a, b, c), sol, str(r))
         out[t.id] = t
     return out
+
+
+def records(path: str | Path) -> dict[str, dict[str, object]]:
+    """Tasks of a user environment or an external agent: one JSON object per line (gzip too), keyed by its
+    ``id`` (a string), else by its line number. ValueError names the first bad line."""
+    out: dict[str, dict[str, object]] = {}
+    with open_text(Path(path)) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e.msg}") from e
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{n}: a task is a JSON object")
+            rid = rec.get("id", f"line{n}")
+            if not isinstance(rid, str) or not rid:
+                raise ValueError(f"{path}:{n}: a task's id is a non-empty string")
+            if rid in out:
+                raise ValueError(f"{path}:{n}: task id {rid!r} appears twice")
+            out[rid] = rec
+    if not out:
+        raise ValueError(f"{path} holds no tasks")
+    return out

@@ -27,6 +27,12 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
 BUILTIN_REWARDS = ("replay", "env", "math", "code", "judge")
 Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 AffinityGpu = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]
+# A built-in environment, an agent outside Loom ("external", through the OpenAI-compatible gateway), or an
+# environment class by import path ``module:Class`` (loom.envs.api) from a module the operator allowed.
+EnvName = Annotated[
+    str,
+    Meta(pattern=r"^(replay|code|math|search|coin|external|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256),
+]
 RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256)]
 
 
@@ -44,7 +50,9 @@ class DatasetRef(Struct, forbid_unknown_fields=True):
         "arith-eval",
         "coin",
         "coin-eval",
+        "jsonl",
     ]
+    # Where the set's file is; a "jsonl" set (one task per line: a JSON object, its "id" optional) needs it.
     path: str | None = None
     offset: NonNeg = 0
     limit: Annotated[int, Meta(ge=1, le=100_000)] | None = None
@@ -137,7 +145,9 @@ PRESETS: dict[str, ResolvedPolicy] = {
 
 class JobSpec(Struct, forbid_unknown_fields=True):
     name: Annotated[str, Meta(max_length=256)] = ""
-    env: Literal["replay", "code", "math", "search", "coin"] = "replay"
+    env: EnvName = "replay"
+    # Keyword arguments of a user environment's constructor (loom.envs.api).
+    env_params: dict[str, Any] = {}
     model: Annotated[str, Meta(min_length=1, max_length=128)] = "qwen3-8b"
     tasks: list[TaskSpec] = []
     dataset: DatasetRef | None = None
@@ -224,6 +234,7 @@ class TrajWork(Struct):
     async_bound: NonNeg | None = None
     # The task's tag for hardware affinity (JobSpec.hw_affinity).
     tag: str = ""
+    env_params: dict[str, Any] = {}
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]

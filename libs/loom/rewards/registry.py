@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,14 +45,11 @@ _THREADED = frozenset({"replay", "math"})
 
 @functools.cache
 def _user_fn(path: str) -> Callable[..., Any]:
-    module, _, name = path.partition(":")
     try:
-        allowlist.check_code(path)  # the scheduler checked too; nothing is imported that was not allowed
+        fn = allowlist.load(path)  # the scheduler checked too; nothing is imported that was not allowed
     except allowlist.NotAllowed as e:
         raise RewardError(str(e)) from e
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
         raise RewardError(f"cannot load reward function {path!r}: {e}") from e
     if not callable(fn):
         raise RewardError(f"reward function {path!r} is not callable")
