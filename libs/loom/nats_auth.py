@@ -98,6 +98,7 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.phase_permit("*"),
             subjects.tail_migration("*"),
             subjects.worker_weights("*"),
+            subjects.SESSION_ALL,
             *subjects.STREAM_TRAJWORK_SUBJECTS,
             *subjects.STREAM_SAMPLES_SUBJECTS,
             *_kv(
@@ -171,6 +172,7 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.CONTROL_GROUP_DONE,
             subjects.CONTROL_GROUP_RESTART,
             subjects.CONTROL_VERSION,
+            subjects.SESSION_ALL,
         ),
     ),
     "reward": _service(

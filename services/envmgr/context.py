@@ -10,7 +10,7 @@ from prometheus_client import Counter, Histogram
 
 from loom.clock import Clock
 from loom.genclient import GenClient
-from loom.protocol import GenRequest, GenResult, Step, Trajectory, TrajStatus, TrajWork
+from loom.protocol import GenRequest, GenResult, SamplingParams, Step, Trajectory, TrajStatus, TrajWork
 
 
 class TrajectoryAborted(Exception):
@@ -75,6 +75,7 @@ class ModelCall:
         tool_s: float,
         prompt_ids: list[int] | None = None,
         output_ids: list[int] | None = None,
+        rebased: bool = False,
     ) -> Step:
         return Step(
             index=self.req.step,
@@ -92,6 +93,7 @@ class ModelCall:
             output_ids=output_ids,
             output_logprobs=self.res.output_logprobs,
             weight_version=self.res.weight_version,
+            rebased=rebased,
         )
 
 
@@ -103,12 +105,14 @@ async def call_model(
     max_new_tokens: int,
     priority: float,
     input_ids: list[int] | None = None,
+    sampling: SamplingParams | None = None,
 ) -> ModelCall:
     """Generate through the router; an engine abort ends the trajectory (TrajectoryAborted).
 
     ``ignore_eos`` when no token ids are sent: a lengths-only call (a replay or a scripted action) must
     produce exactly the tokens it stands for."""
     t0 = ctx.clock.now()
+    sampling = sampling or work.sampling
     req = GenRequest(
         rid=f"{work.job_id}.{work.traj_id}.{step}",
         job_id=work.job_id,
@@ -119,9 +123,9 @@ async def call_model(
         input_ids=input_ids,
         ignore_eos=input_ids is None,
         priority=priority,
-        temperature=work.sampling.temperature,
-        top_p=work.sampling.top_p,
-        return_logprob=work.sampling.logprobs,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        return_logprob=sampling.logprobs,
         tag=work.tag,
     )
     res = await ctx.gen.generate(req)

@@ -45,6 +45,7 @@ from loom.service import Runtime
 from loom.workqueue import WorkQueueConsumer
 from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
 from services.envmgr.env_loop import run_env
+from services.envmgr.external import run_external
 from services.envmgr.groups import GroupLedger
 from services.envmgr.replay import run_replay
 from services.envmgr.settings import EnvmgrSettings
@@ -212,6 +213,8 @@ class EnvManager:
                 r.start_version = await self._stream_version(w.job_id)
             if w.env == "replay":
                 return await run_replay(w, self.ctx)
+            if w.env == "external":
+                return await run_external(w, self.ctx)
             if ":" in w.env:
                 sandboxed = bool(getattr(env_class(w.env), "needs_sandbox", False))
                 return await run_user_env(w, self.ctx, await self.sandboxes.get() if sandboxed else None)
@@ -265,7 +268,7 @@ class EnvManager:
             # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
             await self.rt.js.publish(
                 subjects.reward_submit(w.tenant, w.job_id),
-                encode(RewardRequest(traj, w.reward, w.tenant, w.task, w.reward_params)),
+                encode(RewardRequest(traj, reward_of(w, traj), w.tenant, w.task, w.reward_params)),
                 headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
             )
             await r.msg.ack()
@@ -360,3 +363,11 @@ class EnvManager:
                 n += 1
         await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=c.job_id)))
         log.info("job %s cancelled: stopped %d trajectories", c.job_id, n)
+
+
+def reward_of(w: TrajWork, traj: Trajectory) -> str:
+    """The reward an external agent gave when it finished its session, else the job's reward function."""
+    verdict = traj.info.get("verdict")
+    if w.env == "external" and isinstance(verdict, dict) and verdict.get("given"):
+        return "env"
+    return w.reward

@@ -24,6 +24,7 @@ from loom.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
 from services.scheduler import openapi
+from services.scheduler.gateway import add_gateway_routes
 from services.scheduler.jobs import JobManager, JobTooLarge, QuotaExceeded
 from services.scheduler.openapi import answers
 from services.scheduler.rljobs import RLJobExists, RLJobManager
@@ -265,6 +266,7 @@ def build_app(
         return to_builtins(await rljobs.remove(name))
 
     add_stream_routes(app, rt, streams, _decode, tenant_of)
+    add_gateway_routes(app, rt, jobs, jobs.settings, principal)
 
     @app.get("/healthz", responses=answers(503))
     async def healthz() -> JSONResponse:

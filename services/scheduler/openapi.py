@@ -10,8 +10,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from loom.protocol import JobSpec, RLJobSpec, StreamSpec
+from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest
 
-_SPECS = (JobSpec, RLJobSpec, StreamSpec)
+_SPECS = (JobSpec, RLJobSpec, StreamSpec, ChatRequest, CompletionRequest, FinishRequest)
 _REFS, COMPONENTS = msgspec.json.schema_components(_SPECS, ref_template="#/components/schemas/{name}")
 _BODY: dict[type, dict[str, Any]] = dict(zip(_SPECS, _REFS, strict=True))
 
@@ -20,8 +21,20 @@ ERROR = {
     "properties": {"detail": {"description": "what is wrong: a message, or a list of {loc, msg, type}"}},
     "required": ["detail"],
 }
+# The OpenAI gateway's errors are OpenAI's error object, which its clients read.
+OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"}},
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
 _WHY = {
-    400: "the body is not JSON",
+    400: "the body is not JSON, or not a request the session can serve",
     401: "no bearer token, or one the scheduler does not know",
     403: "the token's tenant may not do this",
     404: "no such resource for this token's tenant",
@@ -32,8 +45,10 @@ _WHY = {
     413: "the body, or the job it makes, is too large",
     422: "the body or a parameter is invalid; detail says where",
     429: "the tenant's trajectories in flight would pass its quota",
+    500: "the session's trajectory failed (the reason is in the message)",
     502: "the weight update failed on a worker",
-    503: "unavailable: no NATS connection, or no worker to update",
+    503: "unavailable: no NATS connection, no worker to update, or the session's trajectory ended",
+    504: "the session did not answer in time",
 }
 
 
@@ -42,9 +57,9 @@ def body(spec: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY[spec]}}}}
 
 
-def answers(*codes: int) -> dict[int | str, dict[str, Any]]:
+def answers(*codes: int, schema: dict[str, Any] = ERROR) -> dict[int | str, dict[str, Any]]:
     """``responses`` for a path that can answer these errors (besides its success)."""
-    return {c: {"description": _WHY[c], "content": {"application/json": {"schema": ERROR}}} for c in codes}
+    return {c: {"description": _WHY[c], "content": {"application/json": {"schema": schema}}} for c in codes}
 
 
 def install(app: FastAPI) -> None:

@@ -24,6 +24,10 @@ class SchedulerSettings(LoomSettings):
     max_job_trajectories: int = Field(100_000, ge=1)
     tenant_max_trajectories: int = Field(200_000, ge=1)
     max_body_mb: float = Field(4.0, gt=0)
+    # OpenAI gateway: how long a call waits for its session to start (its trajectory is queued behind others),
+    # and for the reply (the generation, queued behind other trajectories' at the engines).
+    session_start_wait_s: float = Field(60.0, ge=0)
+    session_call_timeout_s: float = Field(900.0, gt=0)
     # How often pending jobs retry placement and running jobs are recounted (wall seconds).
     reconcile_s: float = 1.0
     # Co-scheduling of RL jobs (RollMux): group size cap, warm-start cost per phase, tail migration point.

@@ -177,6 +177,7 @@ def group_works(
             async_bound=async_bound,
             tag=tag_of(spec, task),
             env_params=spec.env_params,
+            session_idle_s=spec.session_idle_s,
         )
         for s in range(samples_per_group(spec))
     ]

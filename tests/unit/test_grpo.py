@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 import torch
 from hypothesis import given, settings
@@ -78,6 +79,7 @@ def test_flatten_round_trips_a_hand_built_trajectory() -> None:
         (_step(0, [1], [2], None), "sampling.logprobs"),
         (_step(0, [1], [2, 3], [0.0]), "1 log-probabilities for 2 output ids"),
         (_step(0, [], [2], [0.0]), "no prompt"),
+        (msgspec.structs.replace(_step(0, [1], [2], [0.0]), rebased=True), "rewrote its history"),
     ],
 )
 def test_flatten_refuses_steps_without_ids_or_logprobs(step: Step, words: str) -> None:

@@ -169,6 +169,8 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     env_concurrency: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     # Wall-clock limit of one tool call in a sandbox.
     tool_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    # An external agent's session ends, failed, when no call comes for this long (wall seconds).
+    session_idle_s: Annotated[float, Meta(gt=0, le=86_400)] = 300.0
     # Who pays: reward workers are shared between tenants by weight (reward service settings).
     tenant: Tenant = "default"
     # Reward function: a built-in name or a user function by import path ``module:function``; None picks
@@ -235,6 +237,7 @@ class TrajWork(Struct):
     # The task's tag for hardware affinity (JobSpec.hw_affinity).
     tag: str = ""
     env_params: dict[str, Any] = {}
+    session_idle_s: NonNegF = 300.0
 
 
 TrajState = Literal["planned", "running", "done", "failed", "aborted"]
@@ -273,6 +276,9 @@ class Step(Struct):
     output_logprobs: list[float] | None = None
     # The weights that finished this call (the engine's weight_version).
     weight_version: str = ""
+    # An external agent sent a history that is not the recorded one (it edited or dropped turns): this
+    # call's ``prompt_ids`` are its whole context, rendered afresh, not a continuation of the steps before.
+    rebased: bool = False
 
 
 TrajStatus = Literal["completed", "failed", "aborted"]

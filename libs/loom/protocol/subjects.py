@@ -99,6 +99,15 @@ def traj_done(job_id: str) -> str:
 TRAJ_DONE_ALL = f"{PREFIX}.events.trajdone.*"
 
 
+# An external agent's calls to its session (the OpenAI-compatible gateway), answered by the environment
+# manager running the trajectory; nobody answers before it has started or after it ended.
+def session(job_id: str, traj_id: str) -> str:
+    return f"{PREFIX}.session.{job_id}.{traj_id}"
+
+
+SESSION_ALL = f"{PREFIX}.session.*.*"
+
+
 def dead_letter(service: str) -> str:
     return f"{PREFIX}.dlq.{service}"
 

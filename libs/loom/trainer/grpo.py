@@ -98,6 +98,8 @@ def flatten(traj: Trajectory) -> Flat:
             raise ValueError(
                 f"{where}: {len(s.output_logprobs)} log-probabilities for {len(s.output_ids)} output ids"
             )
+        if s.rebased:
+            raise ValueError(f"{where}: the agent rewrote its history here; the steps are not one sequence")
         if not ids and not s.prompt_ids:
             raise ValueError(f"{where}: the first call has no prompt to condition on")
         ids += s.prompt_ids

@@ -1,0 +1,322 @@
+"""Trajectories an external agent drives through the OpenAI-compatible gateway (``"env": "external"``).
+
+The environment manager that pulls such a trajectory answers its session's subject
+(``subjects.session``) until the agent finishes it, goes quiet for ``session_idle_s``, or the job ends.
+Each chat or completion call is one model call through the router (priority, placement and migration
+as for any trajectory), with the prediction made while the agent ran its tools.
+
+The trajectory records ids exactly as the engine saw and produced them. When the agent sends back the chat
+it was answered (the previous messages, the reply as returned, then new tool or user messages), the context
+is the previous context, the reply's output ids as generated, and only the new messages' ids: nothing is
+decoded and encoded again. A history the agent rewrote is rendered afresh and that step marked
+``rebased``; a completion whose prompt extends the previous context likewise adds only its new ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from loom import chat, openai_api
+from loom.envs.base import EnvError
+from loom.predict import context as predict_context
+from loom.protocol import Prediction, Step, Trajectory, TrajWork, decode, encode, subjects
+from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
+from services.envmgr.context import LoopContext, ModelCall, TrajectoryAborted, call_model, trajectory
+from services.envmgr.prediction import await_prediction, predict
+
+log = logging.getLogger(__name__)
+
+
+class CallError(Exception):
+    """A call the session refuses (answered with ``status`` and an OpenAI error; the session goes on)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _Turn:
+    """A reply given, waiting for what the agent sends after it."""
+
+    call: ModelCall
+    text: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    replied_at: float
+    rebased: bool
+    prediction: asyncio.Task[Prediction] | None = None
+
+
+def _same(a: chat.Message, b: chat.Message) -> bool:
+    """Whether a message the agent sent back is the one the session holds (ids of tool calls aside)."""
+    if a.get("role") != b.get("role") or chat.text_of(a.get("content")) != chat.text_of(b.get("content")):
+        return False
+
+    def calls(m: chat.Message) -> list[tuple[Any, Any]]:
+        out = []
+        for c in m.get("tool_calls") or ():
+            fn = c.get("function", {}) if isinstance(c, dict) else {}
+            out.append((fn.get("name"), fn.get("arguments")))
+        return out
+
+    return calls(a) == calls(b)
+
+
+@dataclass
+class Session:
+    work: TrajWork
+    ctx: LoopContext
+    ids: list[int] = field(default_factory=list)
+    chat_seen: list[chat.Message] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    steps: list[Step] = field(default_factory=list)
+    pending: _Turn | None = None
+    generated: int = 0
+    priority: float = 0.0
+    prompt: str = ""
+    acts: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    last_call: float = field(default_factory=time.monotonic)
+    busy: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: BaseException | None = None
+    reward: float | None = None
+    finish_reason: str = "finished"
+
+    async def on_msg(self, msg: Msg) -> None:
+        self.busy = True
+        try:
+            reply = await self._answer(msg.data)
+        finally:
+            self.busy = False
+            self.last_call = time.monotonic()
+        with contextlib.suppress(Exception):  # the gateway may have given up; the session goes on
+            await msg.respond(encode(reply))
+
+    async def _answer(self, data: bytes) -> SessionReply:
+        if self.ended.is_set():
+            return SessionReply(409, openai_api.error(409, "this session has ended"))
+        try:
+            call = decode(data, SessionCall)
+            if call.kind == "finish":
+                return self._finish(call.reward)
+            if call.kind == "chat" and call.chat is not None:
+                return SessionReply(200, await self._chat(call.chat))
+            if call.kind == "completion" and call.completion is not None:
+                return SessionReply(200, await self._completion(call.completion))
+            raise CallError(400, f"a {call.kind} call without its request")
+        except CallError as e:
+            return SessionReply(e.status, openai_api.error(e.status, str(e)))
+        except msgspec.DecodeError as e:
+            return SessionReply(400, openai_api.error(400, f"unreadable call: {e}"))
+        except (TrajectoryAborted, EnvError) as e:
+            self._fail(e)
+            return SessionReply(503, openai_api.error(503, f"the trajectory ended: {e}"))
+        except Exception as e:
+            log.exception("session %s.%s failed", self.work.job_id, self.work.traj_id)
+            self._fail(e)
+            return SessionReply(500, openai_api.error(500, f"the trajectory failed: {type(e).__name__}: {e}"))
+
+    def _fail(self, e: BaseException) -> None:
+        self.failure = e
+        self.ended.set()
+
+    def _finish(self, reward: float | None) -> SessionReply:
+        self.cancel_prediction()
+        self._close_turn("", 0.0 if self.pending is None else self.ctx.clock.now() - self.pending.replied_at)
+        self.reward = reward
+        self.ended.set()
+        return SessionReply(
+            200,
+            {"traj_id": self.work.traj_id, "status": "finished", "steps": len(self.steps), "reward": reward},
+        )
+
+    def _budget(self, req: Sampling, asked: int | None) -> int:
+        if req.unsupported():
+            raise CallError(400, str(req.unsupported()))
+        calls = len(self.steps) + (self.pending is not None)
+        if calls >= self.work.max_turns:
+            raise CallError(400, f"the job's max_turns ({self.work.max_turns}) are spent: finish the session")
+        left = self.work.max_tokens - self.generated
+        if left <= 0:
+            raise CallError(
+                400, f"the job's max_tokens ({self.work.max_tokens}) are spent: finish the session"
+            )
+        return min(left, self.work.max_turn_tokens or left, asked or left)
+
+    async def _chat(self, req: ChatRequest) -> dict[str, Any]:
+        want = self._budget(req, req.max_completion_tokens or req.max_tokens)
+        if not req.messages:
+            raise CallError(400, "messages: a chat needs at least one message")
+        thinking = bool((req.chat_template_kwargs or {}).get("enable_thinking", True))
+        n = len(self.chat_seen)
+        follows = bool(
+            self.pending is not None
+            and n
+            and req.tools == self.tools
+            and len(req.messages) > n
+            and all(_same(a, b) for a, b in zip(req.messages[:n], self.chat_seen, strict=False))
+        )
+        try:
+            if follows:
+                assert self.pending is not None
+                new = req.messages[n:]
+                new_ids = chat.encode(chat.continuation(new, chat.ended(self.pending.output_ids), thinking))
+                observation = "\n".join(chat.text_of(m.get("content")) for m in new)
+                context, rebased = self.ids + new_ids, False
+            else:
+                context = new_ids = chat.encode(chat.render(req.messages, req.tools, True, thinking))
+                observation, rebased = "", self.pending is not None or bool(self.steps)
+        except chat.ChatError as e:
+            raise CallError(400, str(e)) from e
+        self.tools = req.tools
+        if not self.prompt:
+            self.prompt = chat.text_of(req.messages[-1].get("content"))
+        turn = await self._generate(req, context, new_ids, want, observation, rebased)
+        calls = req.tools is not None and req.tool_choice != "none"
+        reply = chat.parse_reply(turn.text) if calls else chat.Reply(turn.text, [])
+        self.chat_seen = [*req.messages, chat.message(reply)]
+        return openai_api.chat_completion(
+            turn.call.req.rid,
+            req.model or self.work.model,
+            int(time.time()),
+            reply,
+            "tool_calls" if reply.tool_calls else self._finish_reason(turn.output_ids),
+            context,
+            turn.output_ids,
+            turn.call.res.output_logprobs if req.logprobs else None,
+            bool(req.return_token_ids),
+        )
+
+    async def _completion(self, req: CompletionRequest) -> dict[str, Any]:
+        want = self._budget(req, req.max_tokens)
+        if req.echo:
+            raise CallError(400, "echo: the prompt is not echoed (return_token_ids gives its ids)")
+        ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode(req.prompt)
+        if not ids:
+            raise CallError(400, "prompt: a completion needs a prompt")
+        if self.pending is not None and len(ids) > len(self.ids) and ids[: len(self.ids)] == self.ids:
+            new_ids, rebased = ids[len(self.ids) :], False
+            observation = chat.decode(new_ids)
+        else:
+            new_ids, rebased, observation = ids, self.pending is not None or bool(self.steps), ""
+        self.chat_seen = []
+        if not self.prompt:
+            self.prompt = chat.decode(ids)
+        turn = await self._generate(req, ids, new_ids, want, observation, rebased)
+        return openai_api.text_completion(
+            turn.call.req.rid,
+            req.model or self.work.model,
+            int(time.time()),
+            chat.reply_text(turn.output_ids),
+            self._finish_reason(turn.output_ids),
+            ids,
+            turn.output_ids,
+            turn.call.res.output_logprobs if req.logprobs is not None else None,
+            bool(req.return_token_ids),
+        )
+
+    @staticmethod
+    def _finish_reason(output_ids: list[int]) -> str:
+        return "stop" if chat.ended(output_ids) else "length"
+
+    async def _generate(
+        self,
+        req: Sampling,
+        context: list[int],
+        new_ids: list[int],
+        want: int,
+        observation: str,
+        rebased: bool,
+    ) -> _Turn:
+        now = self.ctx.clock.now()
+        prev = self.pending
+        self._close_turn(observation, 0.0 if prev is None else now - prev.replied_at)
+        if prev is not None and prev.prediction is not None:
+            k = len(self.steps) - 1
+            self.priority = await await_prediction(
+                self.ctx, self.work, k, prev.prediction, self.priority, len(context), self.generated
+            )
+        k = len(self.steps)
+        sampling = msgspec.structs.replace(
+            self.work.sampling,
+            temperature=self.work.sampling.temperature if req.temperature is None else req.temperature,
+            top_p=self.work.sampling.top_p if req.top_p is None else req.top_p,
+            logprobs=True,  # the trajectory keeps them whether or not the agent asked
+        )
+        mc = await call_model(self.ctx, self.work, k, len(context), want, self.priority, context, sampling)
+        out = mc.res.output_ids
+        if out is None:
+            raise EnvError("the engine returned no token ids")
+        self.generated += mc.res.output_len
+        self.ids = context + out
+        text = chat.reply_text(out)
+        self.acts.append(text)
+        turn = _Turn(mc, text, new_ids, list(out), self.ctx.clock.now(), rebased)
+        pieces = predict_context.step_pieces(self.acts, [*self.observations, ""], k + 1)
+        turn.prediction = asyncio.create_task(
+            predict(self.ctx, self.work, k + 1, len(self.ids), self.generated, self.prompt, pieces)
+        )
+        self.pending = turn
+        return turn
+
+    def _close_turn(self, observation: str, tool_s: float) -> None:
+        """The pending reply becomes a step, with what the agent sent after it."""
+        turn = self.pending
+        if turn is None:
+            return
+        self.pending = None
+        self.observations.append(observation)
+        self.steps.append(
+            turn.call.step(turn.text, observation, tool_s, turn.prompt_ids, turn.output_ids, turn.rebased)
+        )
+
+    def cancel_prediction(self) -> None:
+        if self.pending is not None and self.pending.prediction is not None:
+            self.pending.prediction.cancel()
+
+    async def wait(self) -> None:
+        """Until the session ends; EnvError when the agent has been quiet for ``session_idle_s``."""
+        while not self.ended.is_set():
+            quiet = time.monotonic() - self.last_call
+            left = self.work.session_idle_s - quiet
+            if left <= 0 and not self.busy:
+                raise EnvError(f"the agent sent no call for {self.work.session_idle_s:g} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), max(left, 0.5))
+
+
+async def run_external(work: TrajWork, ctx: LoopContext) -> Trajectory:
+    session = Session(work, ctx)
+    started = ctx.clock.now()
+    sub = await ctx.nc.subscribe(subjects.session(work.job_id, work.traj_id), cb=session.on_msg)
+    try:
+        await session.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        session.cancel_prediction()
+    if session.failure is not None:
+        raise session.failure
+    verdict: dict[str, Any] = {"given": session.reward is not None}
+    if session.reward is not None:
+        verdict["score"] = session.reward
+    rebased = sum(s.rebased for s in session.steps)
+    return trajectory(
+        work,
+        "completed",
+        session.finish_reason,
+        session.steps,
+        started,
+        ctx.clock.now(),
+        {"verdict": verdict, "rebased_steps": rebased, "sandbox": "none"},
+    )

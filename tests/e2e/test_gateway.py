@@ -1,0 +1,152 @@
+"""An agent written against the OpenAI API, using the official `openai` package unmodified, drives every
+session of an external job through `loom up`: two turns each (the second streamed), with tools, then finish."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from loom import chat
+from tests.e2e.conftest import LoomUp
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def _agent(base_url: str, token: str, question: str) -> dict[str, Any]:
+    """One session: a chat turn with tools, a tool result (or a nudge), a streamed turn, finish."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Answer with the calculator's help."},
+        {"role": "user", "content": question},
+    ]
+    first = await client.chat.completions.create(
+        model="qwen3-8b", messages=messages, tools=TOOLS, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    reply = first.choices[0].message
+    messages.append(reply.model_dump(exclude_none=True))
+    if reply.tool_calls:
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "4"} for c in reply.tool_calls]
+    else:
+        messages.append({"role": "user", "content": "Use the calculator, please."})
+    text, finish, token_ids, usage = "", None, [], None
+    stream = await client.chat.completions.create(
+        model="qwen3-8b",
+        messages=messages,
+        tools=TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+            token_ids += (c.model_extra or {}).get("token_ids") or []
+    done = await client.post("/finish", body={"reward": 1.0}, cast_to=object)
+    with pytest.raises(openai.ConflictError):
+        await client.chat.completions.create(model="qwen3-8b", messages=messages)
+    return {"first": first, "second": (text, finish, token_ids, usage), "done": done, "messages": messages}
+
+
+def test_the_openai_client_drives_every_session_of_an_external_job(loom_up: LoomUp) -> None:
+    token = (loom_up.home / "api_token").read_text().strip()
+    api = openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=token, max_retries=0)
+    spec = {
+        "env": "external",
+        "tasks": [{"id": f"q{i}", "data": {"question": f"What is {i} + {i}?"}} for i in range(4)],
+        "group_size": 2,
+        "max_turn_tokens": 24,
+        "session_idle_s": 120,
+    }
+    job = api.post("/jobs", body=spec, cast_to=object)
+    sessions = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"]  # type: ignore[index]
+    assert len(sessions) == 8 and all(
+        s["base_url"].endswith(f"/v1/sessions/{s['session_id']}/v1") for s in sessions
+    )
+
+    async def everyone() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            *(_agent(s["base_url"], token, s["task"]["data"]["question"]) for s in sessions)
+        )
+
+    runs = asyncio.run(everyone())
+    with pytest.raises(openai.NotFoundError):
+        openai.OpenAI(base_url=f"{loom_up.api}/v1/sessions/job-0.t00000-s000/v1", api_key=token).models.list()
+    finished = loom_up.wait_job(job["id"], timeout=120)
+    assert finished["state"] == "completed" and finished["completed"] == 8 and finished["failed"] == 0, (
+        finished
+    )
+    trajs = {t["traj_id"]: t for t in api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]}  # type: ignore[index]
+    assert len(trajs) == 8
+    for s, run in zip(sessions, runs, strict=True):
+        t = trajs[s["traj_id"]]
+        assert t["status"] == "completed" and t["reward"] == 1.0 and run["done"]["steps"] == 2, t
+        first, second = t["steps"]
+        for step in (first, second):
+            assert step["prompt_ids"] and step["output_ids"] and not step["rebased"]
+            assert len(step["output_logprobs"]) == len(step["output_ids"]) == 24
+        # The first reply's ids and log-probs are the trajectory's, as the agent saw them.
+        c = run["first"].choices[0]
+        assert run["first"].prompt_token_ids == first["prompt_ids"]
+        assert c.model_extra["token_ids"] == first["output_ids"]
+        assert [x.logprob for x in c.logprobs.content] == pytest.approx(first["output_logprobs"])
+        assert '"name": "calculator"' in chat.decode(first["prompt_ids"])
+        # The second call added only the new messages' ids after the first reply's, none re-tokenised.
+        assert chat.decode(second["prompt_ids"]) == chat.continuation(run["messages"][3:], ended=False)
+        text, finish, token_ids, usage = run["second"]
+        assert token_ids == second["output_ids"] and finish == "length" and text == second["action"]
+        assert usage.completion_tokens == 24
+        assert usage.prompt_tokens == len(first["prompt_ids"]) + 24 + len(second["prompt_ids"])
+
+
+def test_a_rewritten_history_is_rebased_and_completions_extend_the_context(loom_up: LoomUp) -> None:
+    """An agent that edits its history gets a fresh render, marked; a completion whose prompt ids extend the
+    context adds only the new ids; finishing without a reward leaves it to the job's reward function."""
+    token = (loom_up.home / "api_token").read_text().strip()
+    api = openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=token, max_retries=0)
+    spec = {
+        "env": "external",
+        "tasks": [{"id": "q", "data": {}}],
+        "group_size": 1,
+        "max_turn_tokens": 8,
+        "reward": "tests.integration.reward_fns:verdict",
+    }
+    job = api.post("/jobs", body=spec, cast_to=object)
+    (s,) = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"]  # type: ignore[index]
+    agent = openai.OpenAI(base_url=s["base_url"], api_key=token, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    agent.chat.completions.create(model="m", messages=messages)
+    edited = [
+        *messages,
+        {"role": "assistant", "content": "something I did not say"},
+        {"role": "user", "content": "?"},
+    ]
+    second = agent.chat.completions.create(model="m", messages=edited, extra_body={"return_token_ids": True})
+    context = second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
+    more = chat.encode(chat.continuation([{"role": "user", "content": "go on"}], ended=False))
+    third = agent.completions.create(model="m", prompt=context + more, max_tokens=4, logprobs=0)
+    assert len(third.choices[0].logprobs.token_logprobs) == 4
+    with pytest.raises(openai.BadRequestError, match="stop sequences"):
+        agent.completions.create(model="m", prompt="x", stop=["\n"])
+    agent.post("/finish", body={"reward": None}, cast_to=object)
+    assert loom_up.wait_job(job["id"], timeout=60)["completed"] == 1
+    (t,) = api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]  # type: ignore[index]
+    assert [st["rebased"] for st in t["steps"]] == [False, True, False]
+    assert t["steps"][2]["prompt_ids"] == more and t["info"]["rebased_steps"] == 1
+    assert t["reward"] == 0.5  # the job's reward function, as the agent gave none
