@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import sys
+import urllib.parse
 from pathlib import Path
 
 from rich.console import Console
@@ -46,6 +47,7 @@ async def _up(args: argparse.Namespace) -> int:
     try:
         await dep.start()
         print(f"Loom is up: API {dep.api_url}, NATS {dep.nats.url}, logs {cfg.home / 'logs'}", flush=True)
+        print(f"Dashboard: {dep.api_url}/ui?token=<the API token> (`loom ui` prints the link)", flush=True)
         print("Ctrl-C stops everything.", flush=True)
         await stop.wait()
     finally:
@@ -105,6 +107,13 @@ def _job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui(args: argparse.Namespace) -> int:
+    """The dashboard's link with the token that opens it (the browser swaps it for a session cookie)."""
+    url = args.api or str(read_state(args.home)["api_url"])
+    print(f"{url.rstrip('/')}/ui?{urllib.parse.urlencode({'token': api_token(args.home)})}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loom", description=__doc__)
     p.add_argument("--home", type=Path, default=default_home(), help="state directory of `loom up` (.loom)")
@@ -127,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("status", help="health of every service instance")
+    sub.add_parser("ui", help="the live dashboard's link, signed in (keep it private: it holds the token)")
     s = sub.add_parser("submit", help="submit a job spec (JSON file)")
     s.add_argument("file")
     r = sub.add_parser("results", help="a job's scored trajectories as NDJSON")
@@ -198,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
             )
         else:
-            rc = {"submit": _submit, "results": _results, "cancel": _cancel, "job": _job}[args.cmd](args)
+            commands = {"submit": _submit, "results": _results, "cancel": _cancel, "job": _job, "ui": _ui}
+            rc = commands[args.cmd](args)
     except ApiError as e:
         print(f"loom: {e}", file=sys.stderr)
         rc = 2

@@ -113,6 +113,10 @@ PERMISSIONS: dict[str, Permissions] = {
         (
             subjects.TRAJ_DONE_ALL,
             subjects.CONTROL_CANCEL,
+            # What the dashboard shows: worker loads, finished calls, predictions.
+            subjects.TELEMETRY_WORKERS,
+            subjects.WORKER_DONE_ALL,
+            subjects.CONTROL_PRIORITY,
             *TRAINER_REQUESTS,
         ),
     ),

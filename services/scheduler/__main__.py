@@ -15,6 +15,7 @@ from loom.auth import Tokens
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.service import Runtime
 from services.scheduler.api import build_app
+from services.scheduler.dashboard import Dashboard
 from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobManager
 from services.scheduler.settings import SchedulerSettings
@@ -45,6 +46,7 @@ class Scheduler:
         self.rljobs = RLJobManager(rt, cluster, settings.rollmux_tail_threshold)
         self.streams = StreamManager(rt, settings, self.jobs.in_flight)
         self.jobs.streams_in_flight = self.streams.in_flight
+        self.dashboard = Dashboard(rt, self.jobs, self.streams, self.rljobs)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -58,7 +60,8 @@ class Scheduler:
         await self.jobs.start()
         await self.rljobs.start()
         await self.streams.start()
-        app = build_app(rt, self.jobs, self.rljobs, self.streams, self.tokens)
+        await self.dashboard.start()
+        app = build_app(rt, self.jobs, self.rljobs, self.streams, self.tokens, self.dashboard)
         server = _Server(
             uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         )
@@ -66,6 +69,7 @@ class Scheduler:
             tg.create_task(server.serve())
             tg.create_task(self.jobs.reconcile_forever())
             tg.create_task(self.streams.lease_forever())
+            tg.create_task(self.dashboard.poll_reward_forever())
             await rt.stopping.wait()
             server.should_exit = True
         await self.streams.close()

@@ -24,6 +24,7 @@ from loom.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
 from services.scheduler import openapi
+from services.scheduler.dashboard import BrowserSessions, Dashboard
 from services.scheduler.gateway import add_gateway_routes
 from services.scheduler.jobs import JobManager, JobTooLarge, QuotaExceeded
 from services.scheduler.openapi import answers
@@ -31,6 +32,7 @@ from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.streams import StreamManager
 from services.scheduler.streams_api import add_stream_routes
 from services.scheduler.tasks import SpecError
+from services.scheduler.ui_routes import add_ui_routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,13 +94,17 @@ def tenant_of(spec: JobSpec, who: Principal) -> JobSpec | JSONResponse:
     return spec
 
 
-def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int) -> None:
+def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int, browsers: BrowserSessions) -> None:
     refused = rt.metrics.counter("auth_refused_total", "REST requests refused", ["reason"])
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         token = bearer(request.headers.get("authorization"))
         who = tokens.who(token)
+        if who is None and request.method == "GET" and request.url.path.startswith("/ui"):
+            # The dashboard, in a browser: its token once in the URL (/ui?token=...), then its session cookie.
+            in_url = request.query_params.get("token", "") if request.url.path == "/ui" else ""
+            who = tokens.who(in_url) or browsers.who(request.cookies.get(BrowserSessions.COOKIE))
         if who is None:
             reason = "wrong_token" if token else "no_token"
             refused.labels(reason).inc()
@@ -137,12 +143,18 @@ def add_allow(app: FastAPI) -> None:
 
 
 def build_app(
-    rt: Runtime, jobs: JobManager, rljobs: RLJobManager, streams: StreamManager, tokens: Tokens
+    rt: Runtime,
+    jobs: JobManager,
+    rljobs: RLJobManager,
+    streams: StreamManager,
+    tokens: Tokens,
+    dashboard: Dashboard | None = None,
 ) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
     openapi.install(app)
     add_allow(app)
-    add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20))
+    browsers = BrowserSessions()
+    add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20), browsers)
     unreadable = rt.metrics.counter("results_unreadable_total", "Result records skipped as unreadable")
 
     def bad_result(seq: int, why: str) -> None:
@@ -267,6 +279,7 @@ def build_app(
 
     add_stream_routes(app, rt, streams, _decode, tenant_of)
     add_gateway_routes(app, rt, jobs, jobs.settings, principal)
+    add_ui_routes(app, dashboard or Dashboard(rt, jobs, streams, rljobs), browsers)
 
     @app.get("/healthz", responses=answers(503))
     async def healthz() -> JSONResponse:
