@@ -5,6 +5,7 @@ returns them with ``return_token_ids``: ``prompt_token_ids`` beside the choices,
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from loom import chat
@@ -45,66 +46,44 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def chat_completion(
-    rid: str,
-    model: str,
-    created: int,
-    reply: chat.Reply,
-    finish: str,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    logprobs: Sequence[float] | None,
-    token_ids: bool,
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": chat.message(reply),
-        "finish_reason": finish,
-        "logprobs": chat_logprobs(output_ids, logprobs) if logprobs is not None else None,
-    }
+@dataclass(frozen=True)
+class Generated:
+    """One call's generation, as every response object reports it."""
+
+    rid: str
+    model: str
+    created: int
+    finish: str
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    logprobs: Sequence[float] | None  # None: the caller did not ask for them
+    token_ids: bool  # vLLM's return_token_ids
+
+
+def _response(g: Generated, obj: str, prefix: str, choice: dict[str, Any]) -> dict[str, Any]:
+    choice = {"index": 0, **choice, "finish_reason": g.finish}
     out: dict[str, Any] = {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
+        "id": f"{prefix}-{g.rid}",
+        "object": obj,
+        "created": g.created,
+        "model": g.model,
         "choices": [choice],
-        "usage": usage(len(prompt_ids), len(output_ids)),
+        "usage": usage(len(g.prompt_ids), len(g.output_ids)),
     }
-    if token_ids:
-        choice["token_ids"] = list(output_ids)
-        out["prompt_token_ids"] = list(prompt_ids)
+    if g.token_ids:
+        choice["token_ids"] = list(g.output_ids)
+        out["prompt_token_ids"] = list(g.prompt_ids)
     return out
 
 
-def text_completion(
-    rid: str,
-    model: str,
-    created: int,
-    text: str,
-    finish: str,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    logprobs: Sequence[float] | None,
-    token_ids: bool,
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": text,
-        "finish_reason": finish,
-        "logprobs": completion_logprobs(output_ids, logprobs) if logprobs is not None else None,
-    }
-    out: dict[str, Any] = {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage(len(prompt_ids), len(output_ids)),
-    }
-    if token_ids:
-        choice["token_ids"] = list(output_ids)
-        out["prompt_token_ids"] = list(prompt_ids)
-    return out
+def chat_completion(g: Generated, reply: chat.Reply) -> dict[str, Any]:
+    lps = chat_logprobs(g.output_ids, g.logprobs) if g.logprobs is not None else None
+    return _response(g, "chat.completion", "chatcmpl", {"message": chat.message(reply), "logprobs": lps})
+
+
+def text_completion(g: Generated, text: str) -> dict[str, Any]:
+    lps = completion_logprobs(g.output_ids, g.logprobs) if g.logprobs is not None else None
+    return _response(g, "text_completion", "cmpl", {"text": text, "logprobs": lps})
 
 
 def chunks(response: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:

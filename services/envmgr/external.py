@@ -185,16 +185,9 @@ class Session:
         calls = req.tools is not None and req.tool_choice != "none"
         reply = chat.parse_reply(turn.text) if calls else chat.Reply(turn.text, [])
         self.chat_seen = [*req.messages, chat.message(reply)]
+        finish = "tool_calls" if reply.tool_calls else self._finish_reason(turn.output_ids)
         return openai_api.chat_completion(
-            turn.call.req.rid,
-            req.model or self.work.model,
-            int(time.time()),
-            reply,
-            "tool_calls" if reply.tool_calls else self._finish_reason(turn.output_ids),
-            context,
-            turn.output_ids,
-            turn.call.res.output_logprobs if req.logprobs else None,
-            bool(req.return_token_ids),
+            self._generated(turn, req, finish, context, bool(req.logprobs)), reply
         )
 
     async def _completion(self, req: CompletionRequest) -> dict[str, Any]:
@@ -213,15 +206,25 @@ class Session:
         if not self.prompt:
             self.prompt = chat.decode(ids)
         turn = await self._generate(req, ids, new_ids, want, observation, rebased)
-        return openai_api.text_completion(
+        g = self._generated(turn, req, self._finish_reason(turn.output_ids), ids, req.logprobs is not None)
+        return openai_api.text_completion(g, chat.reply_text(turn.output_ids))
+
+    def _generated(
+        self,
+        turn: _Turn,
+        req: ChatRequest | CompletionRequest,
+        finish: str,
+        prompt: list[int],
+        logprobs: bool,
+    ) -> openai_api.Generated:
+        return openai_api.Generated(
             turn.call.req.rid,
             req.model or self.work.model,
             int(time.time()),
-            chat.reply_text(turn.output_ids),
-            self._finish_reason(turn.output_ids),
-            ids,
+            finish,
+            prompt,
             turn.output_ids,
-            turn.call.res.output_logprobs if req.logprobs is not None else None,
+            turn.call.res.output_logprobs if logprobs else None,
             bool(req.return_token_ids),
         )
 

@@ -104,12 +104,21 @@ def add_gateway_routes(
             except NatsTimeout:
                 return SessionReply(504, openai_api.error(504, "the session did not answer in time"))
 
-    def answer(reply: SessionReply, stream: bool, include_usage: bool) -> Response:
-        if reply.status != 200 or not stream:
+    async def generate(request: Request, sid: str, typ: type[ChatRequest | CompletionRequest]) -> Response:
+        found = session_job(request, sid)
+        if isinstance(found, JSONResponse):
+            return found
+        req = read(await request.body(), typ)
+        if isinstance(req, JSONResponse):
+            return req
+        if isinstance(req, ChatRequest):
+            reply = await call(*found, SessionCall("chat", chat=req))
+        else:
+            reply = await call(*found, SessionCall("completion", completion=req))
+        if reply.status != 200 or not req.stream:
             return JSONResponse(status_code=reply.status, content=reply.body)
-        return StreamingResponse(
-            _sse(openai_api.chunks(reply.body, include_usage)), media_type="text/event-stream"
-        )
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_sse(openai_api.chunks(reply.body, usage)), media_type="text/event-stream")
 
     def read(raw: bytes, typ: type[Any]) -> Any:
         try:
@@ -154,15 +163,7 @@ def add_gateway_routes(
     )
     async def chat_completions(request: Request, sid: str) -> Response:
         """OpenAI's chat completions on the session's trajectory (Qwen3's chat template and tool calls)."""
-        found = session_job(request, sid)
-        if isinstance(found, JSONResponse):
-            return found
-        req = read(await request.body(), ChatRequest)
-        if isinstance(req, JSONResponse):
-            return req
-        reply = await call(*found, SessionCall("chat", chat=req))
-        usage = bool(req.stream_options and req.stream_options.include_usage)
-        return answer(reply, bool(req.stream), usage)
+        return await generate(request, sid, ChatRequest)
 
     @app.post(
         "/v1/sessions/{sid}/v1/completions",
@@ -171,15 +172,7 @@ def add_gateway_routes(
     )
     async def completions(request: Request, sid: str) -> Response:
         """OpenAI's text completions on the session's trajectory (a prompt of text or token ids)."""
-        found = session_job(request, sid)
-        if isinstance(found, JSONResponse):
-            return found
-        req = read(await request.body(), CompletionRequest)
-        if isinstance(req, JSONResponse):
-            return req
-        reply = await call(*found, SessionCall("completion", completion=req))
-        usage = bool(req.stream_options and req.stream_options.include_usage)
-        return answer(reply, bool(req.stream), usage)
+        return await generate(request, sid, CompletionRequest)
 
     @app.get("/v1/sessions/{sid}/v1/models", responses=answers(404, schema=OPENAI_ERROR))
     async def models(request: Request, sid: str) -> Response:

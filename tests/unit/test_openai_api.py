@@ -21,7 +21,8 @@ def test_a_reply_with_a_tool_call_is_an_openai_chat_completion_with_tool_calls()
     ids = _reply_ids()
     lps = [-0.5] * len(ids)
     reply = chat.parse_reply(chat.reply_text(ids))
-    body = openai_api.chat_completion("r1", "qwen3-8b", 1, reply, "tool_calls", [1, 2, 3], ids, lps, True)
+    g = openai_api.Generated("r1", "qwen3-8b", 1, "tool_calls", [1, 2, 3], ids, lps, True)
+    body = openai_api.chat_completion(g, reply)
     c = ChatCompletion.model_validate(body)
     (call,) = c.choices[0].message.tool_calls or []
     assert c.choices[0].message.content == "Let me compute."
@@ -43,7 +44,8 @@ def test_a_reply_with_a_tool_call_is_an_openai_chat_completion_with_tool_calls()
 def test_the_stream_of_a_reply_carries_its_content_calls_ids_and_usage() -> None:
     ids = _reply_ids()
     reply = chat.parse_reply(chat.reply_text(ids))
-    body = openai_api.chat_completion("r1", "m", 1, reply, "tool_calls", [7], ids, [-1.0] * len(ids), True)
+    g = openai_api.Generated("r1", "m", 1, "tool_calls", [7], ids, [-1.0] * len(ids), True)
+    body = openai_api.chat_completion(g, reply)
     chunks = [ChatCompletionChunk.model_validate(c) for c in openai_api.chunks(body, include_usage=True)]
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].model_extra["prompt_token_ids"] == [7]
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
@@ -56,7 +58,8 @@ def test_the_stream_of_a_reply_carries_its_content_calls_ids_and_usage() -> None
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_text_completion_reads_as_openais(stream: bool) -> None:
     ids = chat.encode("four")
-    body = openai_api.text_completion("r2", "m", 1, "four", "length", [5, 6], ids, [-0.25] * len(ids), False)
+    g = openai_api.Generated("r2", "m", 1, "length", [5, 6], ids, [-0.25] * len(ids), False)
+    body = openai_api.text_completion(g, "four")
     if stream:
         # Mid-stream chunks have no finish reason yet, which the SDK reads without validating (as OpenAI's).
         first, last = openai_api.chunks(body, include_usage=False)
