@@ -1,8 +1,8 @@
 """The judge reward's path: its grading prompt goes through the router to a rollout worker's engine.
 
-The simulated engine returns token counts, not text, so there is no grade to read: the reward must say
-exactly that (the request is then dead-lettered and its trajectory stored unscored, never scored at
-random). The grade parsing itself is tested on judge-style replies in tests/unit/test_rewards.py."""
+The simulated engine answers a request of token ids with placeholder tokens (a model with random weights),
+which state no grade: the reward must say exactly that (the request is then dead-lettered and its trajectory
+stored unscored, never scored at random). The grade parsing itself is tested on judge-style replies in tests/unit/test_rewards.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ async def test_judge_prompt_goes_through_router_and_engine(nc: NATS, services: S
     req = RewardRequest(
         traj, "judge", "default", TaskSpec("q", {"prompt": "What is 2+2?"}), {"judge_max_tokens": 24}
     )
-    with pytest.raises(RewardError, match="worker w0 returned 24 tokens but no text"):
+    with pytest.raises(RewardError, match="judge reply states no score"):
         await score(req, RewardContext(nc=nc))
     # The router placed the judge's call as a job of its own, not as a step of the graded trajectory.
     kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
