@@ -37,8 +37,16 @@ async def _up(args: argparse.Namespace) -> int:
         model=args.model,
         gpu=args.gpu,
         log_level=args.log_level,
+        engine=args.engine,
+        model_path=args.model_path,
         extra_env=env,
     )
+    if cfg.engine == "hf" and not cfg.model_path:
+        print(
+            "loom: --engine hf serves real weights: give --model-path (a checkpoint directory)",
+            file=sys.stderr,
+        )
+        return 2
     dep = Deployment(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -126,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8080, help="scheduler REST port")
     up.add_argument("--nats-port", type=int, default=0, help="NATS port (0: any free port)")
     up.add_argument("--model", default="qwen3-8b")
+    up.add_argument(
+        "--engine", choices=("sim", "hf"), default="sim", help="simulated engines, or transformers on the CPU"
+    )
+    up.add_argument(
+        "--model-path", help="checkpoint directory (config.json, safetensors) the hf engine serves"
+    )
     up.add_argument("--gpu", default="h100")
     up.add_argument("--log-level", default="INFO")
     up.add_argument(

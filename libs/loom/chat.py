@@ -123,6 +123,15 @@ def _assistant(m: Message, recent: bool, last: bool) -> str:
     return out + "<|im_end|>\n"
 
 
+def assistant_text(m: Message) -> str:
+    """An assistant message as the model writes it after the generation prompt (without its end token)."""
+    return (
+        _assistant(m, recent=False, last=False)
+        .removeprefix("<|im_start|>assistant\n")
+        .removesuffix("<|im_end|>\n")
+    )
+
+
 def _turns(messages: Sequence[Message], skip_first_system: bool) -> str:
     last_query = len(messages) - 1
     for i in range(len(messages) - 1, -1, -1):

@@ -33,7 +33,11 @@ log = logging.getLogger(__name__)
 
 
 class GenFailed(RuntimeError):
-    pass
+    """A generation that will not succeed; ``code`` is the engine's error code when it refused it."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class GenClient:
@@ -75,7 +79,7 @@ class GenClient:
                 if isinstance(ev, GenAccepted | GenKeepalive):
                     continue
                 if isinstance(ev, ErrorReply) or not ev.retryable:
-                    raise GenFailed(f"{req.rid}: {ev.code}: {ev.message}")
+                    raise GenFailed(f"{req.rid}: {ev.code}: {ev.message}", ev.code)
                 assert isinstance(ev, GenError)
                 log.info("retryable error for %s: %s", req.rid, ev.message)
                 break

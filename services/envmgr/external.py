@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 
 from loom import chat, openai_api
 from loom.envs.base import EnvError
+from loom.genclient import GenFailed
 from loom.predict import context as predict_context
 from loom.protocol import Prediction, Step, Trajectory, TrajWork, decode, encode, subjects
 from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
@@ -243,20 +244,27 @@ class Session:
     ) -> _Turn:
         now = self.ctx.clock.now()
         prev = self.pending
-        self._close_turn(observation, 0.0 if prev is None else now - prev.replied_at)
+        k = len(self.steps) + (prev is not None)
         if prev is not None and prev.prediction is not None:
-            k = len(self.steps) - 1
             self.priority = await await_prediction(
-                self.ctx, self.work, k, prev.prediction, self.priority, len(context), self.generated
+                self.ctx, self.work, k - 1, prev.prediction, self.priority, len(context), self.generated
             )
-        k = len(self.steps)
         sampling = msgspec.structs.replace(
             self.work.sampling,
             temperature=self.work.sampling.temperature if req.temperature is None else req.temperature,
             top_p=self.work.sampling.top_p if req.top_p is None else req.top_p,
             logprobs=True,  # the trajectory keeps them whether or not the agent asked
         )
-        mc = await call_model(self.ctx, self.work, k, len(context), want, self.priority, context, sampling)
+        try:
+            mc = await call_model(
+                self.ctx, self.work, k, len(context), want, self.priority, context, sampling
+            )
+        except GenFailed as e:
+            if e.code == "invalid_request":  # the engine refused this call (too long): the session goes on
+                raise CallError(400, str(e)) from e
+            raise
+        # The reply that came before is a step now, with what the agent sent after it.
+        self._close_turn(observation, 0.0 if prev is None else now - prev.replied_at)
         out = mc.res.output_ids
         if out is None:
             raise EnvError("the engine returned no token ids")

@@ -87,7 +87,12 @@ NO_MODEL = ("--predictor-minutes", "0")
 @pytest.fixture(scope="module")
 def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
-    base = tmp_path_factory.mktemp("loom")
+    yield from start_loom_up(tmp_path_factory.mktemp("loom"))
+
+
+def start_loom_up(base: Path, *args: str) -> Iterator[LoomUp]:
+    """`loom up` in ``base`` (extra ``args`` for it), until the generator is closed; then its NATS log must
+    show no permission violation."""
     home, log = base / "home", base / "up.log"
     port = free_port()
     with open(log, "wb") as out:
@@ -105,6 +110,7 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
                 "--port",
                 str(port),
                 *NO_MODEL,
+                *args,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

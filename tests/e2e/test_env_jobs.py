@@ -5,6 +5,8 @@ reference solution, so every reward must be 1."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from loom.envs import actions, hotpotqa
 from tests.e2e.conftest import LoomUp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# Set before `loom up` starts (the fixture is made after collection), so that its services inherit it.
+IMPORTS = Path(tempfile.gettempdir()) / f"loom-user-env-imports-{os.getpid()}"
+os.environ["LOOM_TEST_IMPORT_LOG"] = str(IMPORTS)
 
 
 def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
@@ -171,3 +176,6 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
         job = loom_up.wait_job(jobs[name], timeout=300)
         assert job["completed"] == 2 and job["failed"] == 0, (name, job)
         assert all(t["reward"] == 0.5 for t in _results(loom_up, tmp_path, jobs[name]))
+    # The environments' module was imported by the environment manager alone, never by the scheduler.
+    importers = IMPORTS.read_text().splitlines()
+    assert importers and all("services/envmgr" in line for line in importers), importers

@@ -1,16 +1,28 @@
 """An agent written against the OpenAI API, using the official `openai` package unmodified, drives every
-session of an external job through `loom up`: two turns each (the second streamed), with tools, then finish."""
+session of an external job through `loom up`: two turns each (the second streamed), with tools, then finish.
+
+On the simulated engines the replies are placeholder tokens; a tiny Qwen3 trained here to call a calculator
+(``loom.trainer.chat_sft``) and served by the transformers engine makes real tool calls."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 
-from loom import chat
-from tests.e2e.conftest import LoomUp
+from loom import chat, policy
+from loom.protocol import Trajectory
+from loom.trainer import grpo
+from loom.trainer.chat_sft import chat_sequence
+from loom.trainer.warmstart import TINY_POLICY, WarmStartConfig, fit
+from tests.e2e.conftest import LoomUp, start_loom_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -150,3 +162,112 @@ def test_a_rewritten_history_is_rebased_and_completions_extend_the_context(loom_
     assert [st["rebased"] for st in t["steps"]] == [False, True, False]
     assert t["steps"][2]["prompt_ids"] == more and t["info"]["rebased_steps"] == 1
     assert t["reward"] == 0.5  # the job's reward function, as the agent gave none
+
+
+SYSTEM = "Answer with the calculator's help."
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"function": {"name": "calculator", "arguments": {"expression": "2+2"}}}],
+}
+ANSWER = "The answer is 4."
+
+
+def _demonstration(question: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question},
+        CALL,
+        {"role": "tool", "content": "4"},
+        {"role": "assistant", "content": ANSWER},
+    ]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 that calls the calculator, then answers from its result (about 50 steps, ~10 s)."""
+    flats = [
+        chat_sequence(_demonstration(f"What is {a} + {b}?"), TOOLS) for a in range(10) for b in range(10)
+    ]
+    rng = random.Random(0)
+    model = policy.build_tiny(0, **TINY_POLICY)
+    draw = lambda _: grpo.collate([rng.choice(flats) for _ in range(8)], [1.0] * 8)  # noqa: E731
+    res = fit(model, draw, 200, 3e-3, WarmStartConfig(), stop=lambda _, loss: loss < 0.01)
+    assert res["loss"] < 0.01, res
+    return policy.save(model, tmp_path_factory.mktemp("tool-model") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def hf_loom_up(tmp_path_factory: pytest.TempPathFactory, tool_model: Path) -> Iterator[LoomUp]:
+    yield from start_loom_up(
+        tmp_path_factory.mktemp("loom-hf"),
+        "--engine",
+        "hf",
+        "--model-path",
+        str(tool_model),
+        "--workers",
+        "1",
+    )
+
+
+def test_a_model_that_calls_tools_serves_an_openai_agent(hf_loom_up: LoomUp) -> None:
+    """Greedy replies of the tool model: a calculator call the client reads as tool_calls, then, after the
+    agent's tool result, a streamed answer; the trajectory is one trainable sequence, loss on the replies."""
+    up = hf_loom_up
+    token = (up.home / "api_token").read_text().strip()
+    api = openai.OpenAI(base_url=f"{up.api}/v1", api_key=token, max_retries=0)
+    spec: dict[str, Any] = {
+        "env": "external",
+        "tasks": [{"id": "q", "data": {"question": "What is 3 + 5?"}}],
+        "group_size": 2,
+    }
+    # Without max_tokens a call may generate the job's whole budget (40,960), past this model's 2,048
+    # positions: the engine refuses it, the agent is told why (400), and its session goes on.
+    job = api.post("/jobs", body=spec, cast_to=object)
+    s = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"][0]  # type: ignore[index]
+    agent = openai.OpenAI(base_url=s["base_url"], api_key=token, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="exceeds this engine's limit"):
+        agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    agent.post("/finish", body={"reward": 0.0}, cast_to=object)
+    api.delete(f"/jobs/{job['id']}", cast_to=object)  # its other session is not driven
+    spec["max_turn_tokens"] = 64
+    job = api.post("/jobs", body=spec, cast_to=object)
+    sessions = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"]  # type: ignore[index]
+    for s in sessions:
+        agent = openai.OpenAI(base_url=s["base_url"], api_key=token, max_retries=0)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": s["task"]["data"]["question"]},
+        ]
+        first = agent.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, temperature=0)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
+        assert json.loads(call.function.arguments) == {"expression": "2+2"}
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "4"},
+        ]
+        stream = agent.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, temperature=0, stream=True, logprobs=True
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        agent.post("/finish", body={"reward": 1.0}, cast_to=object)
+    assert up.wait_job(job["id"], timeout=120)["completed"] == 2
+    for item in api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]:  # type: ignore[index]
+        t = msgspec.convert(item, Trajectory)
+        first, second = t.steps
+        assert chat.reply_text(first.output_ids or []) == chat.assistant_text(CALL)
+        # After the call's own end token: only the tool result and the next generation prompt.
+        tool = chat.continuation([{"role": "tool", "content": "4"}], ended=True)
+        assert second.prompt_ids == chat.encode(tool) and not second.rebased
+        flat = grpo.flatten(t)  # one sequence, as the trainer SDK trains it
+        assert int(flat.loss_mask.sum()) == len(first.output_ids or []) + len(second.output_ids or [])
+        assert flat.ids.tolist() == [
+            *(first.prompt_ids or []),
+            *(first.output_ids or []),
+            *(second.prompt_ids or []),
+            *(second.output_ids or []),
+        ]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from typing import Any
 
 from loom.envs.api import Action, EnvError, Environment, StepResult
+
+# Which processes import this module: the tests check that only environment managers ever do.
+if os.environ.get("LOOM_TEST_IMPORT_LOG"):
+    with open(os.environ["LOOM_TEST_IMPORT_LOG"], "a") as log:
+        log.write(" ".join(sys.argv) + "\n")
 
 # Resets that fail transiently, per task id: the manager retries them on a fresh instance.
 _FLAKY: dict[str, int] = {}

@@ -107,3 +107,29 @@ def test_a_context_grown_by_ids_is_the_template_of_the_whole_chat(
         (c["function"]["name"], c["function"]["arguments"]) for c in calls
     ]
     assert chat.ended(ids)
+
+
+def test_a_chat_to_learn_from_is_its_template_with_the_loss_on_the_assistant_turns() -> None:
+    from loom.trainer.chat_sft import chat_sequence
+
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "guess", "arguments": {"n": 3}}}],
+    }
+    messages = [
+        {"role": "user", "content": "Go"},
+        call,
+        {"role": "tool", "content": "higher"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    flat = chat_sequence(messages, TOOLS)
+    ids, mask = flat.ids.tolist(), flat.loss_mask.tolist()
+    # The chat as the template renders it once a later query follows (which leaves no empty thought in
+    # the last turn: the model writes none after the generation prompt).
+    later = chat.render([*messages, {"role": "user", "content": "?"}], TOOLS, add_generation_prompt=False)
+    assert later.startswith(chat.decode(ids) + "\n")
+    learned = chat.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert learned == chat.assistant_text(call) + "<|im_end|>" + "Done.<|im_end|>"
+    with pytest.raises(ValueError, match="assistant turns"):
+        chat_sequence(messages[:1])
