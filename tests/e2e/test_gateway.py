@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,25 @@ def test_the_openai_client_drives_every_session_of_an_external_job(loom_up: Loom
         assert token_ids == second["output_ids"] and finish == "length" and text == second["action"]
         assert usage.completion_tokens == 24
         assert usage.prompt_tokens == len(first["prompt_ids"]) + 24 + len(second["prompt_ids"])
+
+
+def test_the_example_agent_script_drives_an_external_job(loom_up: LoomUp) -> None:
+    """examples/openai-agent/agent.py, a script of nothing but `openai`, as a user runs it."""
+    token = (loom_up.home / "api_token").read_text().strip()
+    script = Path(__file__).parents[2] / "examples" / "openai-agent" / "agent.py"
+    cmd = [sys.executable, str(script), "--api", loom_up.api, "--token", token, "--tasks", "4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["sessions"] == 8
+    job = loom_up.wait_job(out["job"], timeout=120)
+    assert job["completed"] == 8 and job["failed"] == 0, job
+    api = openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=token, max_retries=0)
+    for t in api.get(f"/jobs/{out['job']}/trajectories", cast_to=object)["items"]:  # type: ignore[index]
+        assert len(t["steps"]) == 2 and t["reward"] is not None
+        assert all(
+            s["prompt_ids"] and len(s["output_ids"]) == len(s["output_logprobs"]) == 64 for s in t["steps"]
+        )
 
 
 def test_a_rewritten_history_is_rebased_and_completions_extend_the_context(loom_up: LoomUp) -> None:
