@@ -49,8 +49,9 @@ def calculate(expression: str) -> str:
         return f"error: {e}"
 
 
-async def drive(session: dict[str, Any], token: str, max_tokens: int) -> dict[str, Any]:
-    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=token, max_retries=2)
+async def drive(session: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    # The session's own key: the agent never holds the tenant's token.
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=2)
     task = session["task"]["data"]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Use the calculator, then answer with the number."},
@@ -99,7 +100,7 @@ async def main() -> None:
         spec = {"env": "external", "tasks": tasks, "group_size": args.group_size, "session_idle_s": 120}
         job_id = (await api.post("/jobs", body=spec, cast_to=dict))["id"]
     sessions = (await api.get(f"/jobs/{job_id}/sessions", cast_to=dict))["sessions"]
-    runs = await asyncio.gather(*(drive(s, args.token, args.max_tokens) for s in sessions))
+    runs = await asyncio.gather(*(drive(s, args.max_tokens) for s in sessions))
     print(
         json.dumps(
             {

@@ -13,6 +13,7 @@ the same time whichever token it matches, if any.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -34,9 +35,11 @@ class AuthConfigError(ValueError):
 class Principal:
     tenant: str
     admin: bool = False
+    # An external agent's session key: it opens that session's gateway paths and owns nothing else.
+    session: str | None = None
 
     def owns(self, tenant: str) -> bool:
-        return self.admin or tenant == self.tenant
+        return self.admin or (self.session is None and tenant == self.tenant)
 
 
 def _digest(token: str) -> str:
@@ -86,6 +89,21 @@ class Tokens:
 
     def who(self, token: str) -> Principal | None:
         return self._by_digest.get(_digest(token)) if token else None
+
+    def session_key(self, session_id: str) -> str:
+        """The key an external agent presents for one session of the OpenAI gateway, and that opens nothing
+        else: an HMAC of the session id under a secret made of every configured token's digest (the same
+        across restarts, unknown to anyone who does not hold all the tokens)."""
+        secret = hashlib.sha256(b"loom-session\0" + "".join(sorted(self._by_digest)).encode()).digest()
+        return "sk-loom-" + hmac.new(secret, session_id.encode(), hashlib.sha256).hexdigest()
+
+    def session_principal(self, path: str, token: str) -> Principal | None:
+        """Who presents ``token`` on ``path`` when it is the key of the session the path is under."""
+        parts = path.split("/")
+        if len(parts) < 5 or parts[1:3] != ["v1", "sessions"] or not token:
+            return None
+        sid = parts[3]
+        return Principal("", session=sid) if hmac.compare_digest(token, self.session_key(sid)) else None
 
 
 def bearer(header: str | None) -> str:

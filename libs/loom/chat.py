@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -195,11 +196,15 @@ def continuation(messages: Sequence[Message], ended: bool, enable_thinking: bool
 
 
 def encode(text: str) -> list[int]:
-    return chat_tokenizer().encode(text, allowed_special="all")
+    # Qwen's tokenizer normalises text to NFC before it splits it.
+    return chat_tokenizer().encode(unicodedata.normalize("NFC", text), allowed_special="all")
 
 
 def decode(ids: Sequence[int]) -> str:
-    return chat_tokenizer().decode(list(ids))
+    """The text of ids; ids the tokenizer has no piece for (the embedding's padding rows, which a barely
+    trained model may still sample) read as nothing."""
+    enc = chat_tokenizer()
+    return enc.decode([t for t in ids if 0 <= t < enc.n_vocab])
 
 
 def reply_text(output_ids: Sequence[int]) -> str:

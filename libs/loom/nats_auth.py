@@ -168,6 +168,8 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.CONTROL_PRIORITY,
             subjects.CONTROL_GROUP_DONE,
             subjects.PREDICT,
+            # Answers to the gateway's calls on sessions, which may come later than allow_responses lasts.
+            f"{inbox_prefix('scheduler')}.>",
             *subjects.STREAM_REWARD_SUBJECTS,
             *_kv(subjects.KV_GROUPS),
         ),

@@ -21,7 +21,7 @@ def error(status: int, message: str, param: str | None = None) -> dict[str, Any]
 
 def _pieces(ids: Sequence[int]) -> list[bytes]:
     enc = chat_tokenizer()
-    return [enc.decode_single_token_bytes(t) for t in ids]
+    return [enc.decode_single_token_bytes(t) if 0 <= t < enc.n_vocab else b"" for t in ids]
 
 
 def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:

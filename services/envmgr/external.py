@@ -25,6 +25,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from loom import chat, openai_api
+from loom.engine.token_ids import QWEN3_VOCAB
 from loom.envs.base import EnvError
 from loom.genclient import GenFailed
 from loom.predict import context as predict_context
@@ -97,6 +98,11 @@ class Session:
         self.busy = True
         try:
             reply = await self._answer(msg.data)
+        except asyncio.CancelledError:
+            # The trajectory ended under this call (its job was cancelled): say so rather than leave it hanging.
+            with contextlib.suppress(Exception):
+                await msg.respond(encode(SessionReply(409, openai_api.error(409, "this session has ended"))))
+            raise
         finally:
             self.busy = False
             self.last_call = time.monotonic()
@@ -132,6 +138,8 @@ class Session:
         self.ended.set()
 
     def _finish(self, reward: float | None) -> SessionReply:
+        if reward is None and self.work.reward == "env":
+            raise CallError(400, "reward: this job names no reward function to score the session; give one")
         self.cancel_prediction()
         self._close_turn("", 0.0 if self.pending is None else self.ctx.clock.now() - self.pending.replied_at)
         self.reward = reward
@@ -160,13 +168,17 @@ class Session:
             raise CallError(400, "messages: a chat needs at least one message")
         thinking = bool((req.chat_template_kwargs or {}).get("enable_thinking", True))
         n = len(self.chat_seen)
-        follows = bool(
-            self.pending is not None
-            and n
-            and req.tools == self.tools
-            and len(req.messages) > n
-            and all(_same(a, b) for a, b in zip(req.messages[:n], self.chat_seen, strict=False))
-        )
+        try:
+            follows = bool(
+                self.pending is not None
+                and n
+                and req.tools == self.tools
+                and len(req.messages) > n
+                and all(_same(a, b) for a, b in zip(req.messages[:n], self.chat_seen, strict=False))
+                and all(m.get("role") != "assistant" for m in req.messages[n:])
+            )
+        except (chat.ChatError, AttributeError, TypeError):
+            follows = False  # not the chat this session answered: rendered afresh (and refused if unreadable)
         try:
             if follows:
                 assert self.pending is not None
@@ -179,10 +191,10 @@ class Session:
                 observation, rebased = "", self.pending is not None or bool(self.steps)
         except chat.ChatError as e:
             raise CallError(400, str(e)) from e
-        self.tools = req.tools
         if not self.prompt:
             self.prompt = chat.text_of(req.messages[-1].get("content"))
         turn = await self._generate(req, context, new_ids, want, observation, rebased)
+        self.tools = req.tools
         calls = req.tools is not None and req.tool_choice != "none"
         reply = chat.parse_reply(turn.text) if calls else chat.Reply(turn.text, [])
         self.chat_seen = [*req.messages, chat.message(reply)]
@@ -198,15 +210,17 @@ class Session:
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode(req.prompt)
         if not ids:
             raise CallError(400, "prompt: a completion needs a prompt")
+        if not all(0 <= t < QWEN3_VOCAB for t in ids):
+            raise CallError(400, f"prompt: token ids are 0 to {QWEN3_VOCAB - 1}")
         if self.pending is not None and len(ids) > len(self.ids) and ids[: len(self.ids)] == self.ids:
             new_ids, rebased = ids[len(self.ids) :], False
             observation = chat.decode(new_ids)
         else:
             new_ids, rebased, observation = ids, self.pending is not None or bool(self.steps), ""
-        self.chat_seen = []
         if not self.prompt:
             self.prompt = chat.decode(ids)
         turn = await self._generate(req, ids, new_ids, want, observation, rebased)
+        self.chat_seen = []
         g = self._generated(turn, req, self._finish_reason(turn.output_ids), ids, req.logprobs is not None)
         return openai_api.text_completion(g, chat.reply_text(turn.output_ids))
 
@@ -314,7 +328,11 @@ async def run_external(work: TrajWork, ctx: LoopContext) -> Trajectory:
         await session.wait()
     finally:
         with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+            if session.ended.is_set():
+                # Calls queued behind the last one still get their answer (409: the session has ended).
+                await asyncio.wait_for(sub.drain(), 5.0)
+            else:  # torn down (cancelled, quiet): the call in flight, if any, is told so as it stops
+                await sub.unsubscribe()
         session.cancel_prediction()
     if session.failure is not None:
         raise session.failure

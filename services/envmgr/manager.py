@@ -216,7 +216,8 @@ class EnvManager:
             if w.env == "external":
                 return await run_external(w, self.ctx)
             if ":" in w.env:
-                sandboxed = bool(getattr(env_class(w.env), "needs_sandbox", False))
+                cls = await asyncio.to_thread(env_class, w.env)
+                sandboxed = bool(getattr(cls, "needs_sandbox", False))
                 return await run_user_env(w, self.ctx, await self.sandboxes.get() if sandboxed else None)
             pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
             return await run_env(w, self.ctx, pool)
@@ -265,10 +266,17 @@ class EnvManager:
                 traj = msgspec.structs.replace(traj, start_version=r.start_version)
             self.m_steps.inc(len(traj.steps))
             self.m_traj_s.observe(traj.finished_at - traj.started_at)
+            try:
+                payload = encode(RewardRequest(traj, reward_of(w, traj), w.tenant, w.task, w.reward_params))
+            except (TypeError, ValueError, OverflowError) as e:
+                # What the trajectory carries cannot be stored: it fails, with the reason, rather than come back.
+                outcome = "failed"
+                traj = self._failed(w, e)
+                payload = encode(RewardRequest(traj, w.reward, w.tenant, w.task, w.reward_params))
             # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
             await self.rt.js.publish(
                 subjects.reward_submit(w.tenant, w.job_id),
-                encode(RewardRequest(traj, reward_of(w, traj), w.tenant, w.task, w.reward_params)),
+                payload,
                 headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
             )
             await r.msg.ack()

@@ -16,14 +16,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from typing import Any
+
+import msgspec
 
 from loom import allowlist, chat
 from loom.envs.api import Action, StepResult
 from loom.envs.base import EnvError
 from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
+from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
 from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.env_loop import with_retries
@@ -43,6 +47,7 @@ class EnvBroken(Exception):
 
 @functools.cache
 def env_class(path: str) -> Any:
+    """The class at ``path`` (imported once per process; the import runs the module's top level)."""
     try:
         cls = allowlist.load(path)
     except allowlist.NotAllowed as e:
@@ -84,7 +89,7 @@ async def _guarded(what: str, timeout_s: float, coro: Any) -> Any:
 
 async def run_user_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
     key = f"{work.job_id}.{work.traj_id}"
-    cls = env_class(work.env)
+    cls = await asyncio.to_thread(env_class, work.env)  # a first import runs the module's top level
     sandboxed = bool(getattr(cls, "needs_sandbox", False))
     if sandboxed and pool is None:
         raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
@@ -95,29 +100,32 @@ async def run_user_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | Non
 
         async def reset() -> list[chat.Message]:
             nonlocal env
-            if env is not None:
-                await _close(env)
-                env = None
-                if pool is not None:
-                    await pool.release(key)  # the next attempt starts from a fresh sandbox
             try:
                 kwargs = dict(work.env_params)
                 if sandboxed:
                     assert pool is not None
                     kwargs["sandbox"] = await pool.acquire(key)
-                env = cls(**kwargs)
-            except (EnvError, TimeoutError):
+                # In a thread: a constructor that blocks must not stall the other trajectories' loop.
+                env = await asyncio.to_thread(cls, **kwargs)
+                try:
+                    messages = await asyncio.wait_for(env.reset(dict(work.task.data)), work.tool_timeout_s)
+                except (EnvError, SandboxError, TimeoutError):
+                    raise
+                except Exception as e:
+                    raise EnvBroken(f"reset raised {type(e).__name__}: {e}") from e
+                return first_messages(messages)
+            except (EnvError, SandboxError, TimeoutError):
+                # The next attempt starts from a fresh instance and a fresh sandbox.
+                if env is not None:
+                    await _close(env)
+                    env = None
+                if pool is not None:
+                    await pool.release(key)
+                raise
+            except EnvBroken:
                 raise
             except Exception as e:
                 raise EnvBroken(f"{work.env} could not be made: {type(e).__name__}: {e}") from e
-            try:
-                return first_messages(
-                    await asyncio.wait_for(env.reset(dict(work.task.data)), work.tool_timeout_s)
-                )
-            except (EnvError, TimeoutError, EnvBroken):
-                raise
-            except Exception as e:
-                raise EnvBroken(f"reset raised {type(e).__name__}: {e}") from e
 
         messages = await with_retries("environment reset", reset)
         if ctx.metrics:
@@ -184,8 +192,8 @@ async def _episode(
         follow = observation_messages(result, action)
         obs_text = "\n".join(chat.text_of(m.get("content")) for m in follow)
         observations.append(obs_text)
-        rewards.append(result.reward)
-        info = dict(result.info)
+        rewards.append(_reward(result.reward, k))
+        info = _info(result.info, k)
         steps.append(mc.step(text, obs_text, tool_s, new_ids, list(out_ids)))
         if result.done:
             return steps, "done", rewards, info
@@ -196,6 +204,30 @@ async def _episode(
         ids += out_ids
         ids += new_ids
     return steps, "max_turns", rewards, info
+
+
+def _reward(value: Any, k: int) -> float | None:
+    """A step's reward as a float (numpy scalars and ints too); EnvBroken when it is not a finite number."""
+    if value is None:
+        return None
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        raise EnvBroken(f"step {k}'s reward is not a number: {value!r}") from None
+    if not math.isfinite(r):
+        raise EnvBroken(f"step {k}'s reward is not finite: {r}")
+    return r
+
+
+def _info(value: Any, k: int) -> dict[str, Any]:
+    """A step's info as plain data that travels with the trajectory; EnvBroken when it cannot."""
+    try:
+        out = msgspec.to_builtins(value)
+    except (TypeError, ValueError) as e:
+        raise EnvBroken(f"step {k}'s info cannot be stored: {e}") from e
+    if not isinstance(out, dict):
+        raise EnvBroken(f"step {k}'s info must be a dict, not {type(value).__name__}")
+    return out
 
 
 async def _step(work: TrajWork, env: Any, k: int, action: Action) -> StepResult:

@@ -100,7 +100,7 @@ def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int, browsers:
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         token = bearer(request.headers.get("authorization"))
-        who = tokens.who(token)
+        who = tokens.who(token) or tokens.session_principal(request.url.path, token)
         if who is None and request.method == "GET" and request.url.path.startswith("/ui"):
             # The dashboard, in a browser: its token once in the URL (/ui?token=...), then its session cookie.
             in_url = request.query_params.get("token", "") if request.url.path == "/ui" else ""
@@ -278,7 +278,7 @@ def build_app(
         return to_builtins(await rljobs.remove(name))
 
     add_stream_routes(app, rt, streams, _decode, tenant_of)
-    add_gateway_routes(app, rt, jobs, jobs.settings, principal)
+    add_gateway_routes(app, rt, jobs, jobs.settings, principal, tokens)
     add_ui_routes(app, dashboard or Dashboard(rt, jobs, streams, rljobs), browsers)
 
     @app.get("/healthz", responses=answers(503))

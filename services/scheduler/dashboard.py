@@ -46,6 +46,7 @@ MAX_CALLS = 5000
 MAX_POINTS = 2000
 MAX_JOBS = 50
 THROUGHPUT_POINTS = 300
+SILENT_S = 10.0  # wall seconds without telemetry after which a worker is gone
 
 
 class BrowserSessions:
@@ -83,6 +84,7 @@ class Dashboard:
         self.rljobs = rljobs
         self.calls: deque[tuple[str, str, str, int, float, float, float]] = deque(maxlen=MAX_CALLS)
         self.loads: dict[str, WorkerLoad] = {}
+        self._heard: dict[str, float] = {}  # wall time of each worker's last telemetry
         self.rates: dict[str, float] = {}
         self._last: dict[str, tuple[float, int]] = {}
         self.throughput: deque[tuple[float, float]] = deque(maxlen=THROUGHPUT_POINTS)
@@ -100,11 +102,20 @@ class Dashboard:
         prev = self._last.get(load.worker_id)
         self._last[load.worker_id] = (load.at, load.generated_tokens)
         self.loads[load.worker_id] = load
+        self._heard[load.worker_id] = time.monotonic()
         if prev is not None and load.at > prev[0]:
             self.rates[load.worker_id] = max(0.0, (load.generated_tokens - prev[1]) / (load.at - prev[0]))
+        self._forget_silent()
         now = self.rt.clock.now()
         if not self.throughput or now - self.throughput[-1][0] >= 1.0:
             self.throughput.append((now, sum(self.rates.values())))
+
+    def _forget_silent(self) -> None:
+        """Workers gone quiet (removed, crashed) leave the table and the fleet's throughput."""
+        cutoff = time.monotonic() - SILENT_S
+        for w in [w for w, t in self._heard.items() if t < cutoff]:
+            for d in (self.loads, self.rates, self._last, self._heard):
+                d.pop(w, None)
 
     async def _on_call(self, done: WorkerDone, _: Msg) -> None:
         parts = done.rid.split(".")
@@ -138,7 +149,15 @@ class Dashboard:
                 self.reward = None
             await self.rt.wait_stop(period_s)
 
+    def _reward_for(self, who: Principal) -> dict[str, Any] | None:
+        """The reward service's health; a tenant sees its own queue, not the others'."""
+        if self.reward is None or who.admin:
+            return self.reward
+        tenants = self.reward.get("tenants") or {}
+        return {**self.reward, "tenants": {who.tenant: tenants[who.tenant]} if who.tenant in tenants else {}}
+
     def snapshot(self, who: Principal) -> dict[str, Any]:
+        self._forget_silent()
         now = self.rt.clock.now()
         mine = [j for j in self.jobs.jobs.values() if who.owns(j.spec.tenant)]
         mine.sort(key=lambda j: j.created_at, reverse=True)
@@ -196,7 +215,7 @@ class Dashboard:
             "gantt": {"from": round(t0, 3), "to": round(now, 3), "calls": calls},
             "throughput": [[round(t, 2), round(r, 1)] for t, r in self.throughput],
             "lengths": [[round(p), a] for job, p, a in self.lengths if job in visible],
-            "reward": self.reward,
+            "reward": self._reward_for(who),
             "rollmux": to_builtins(self.rljobs.groups()) if who.admin else None,
         }
 

@@ -4,8 +4,9 @@
 OpenAI client's base URL (``.../v1/sessions/{session_id}/v1``). Under it: ``POST /chat/completions`` and
 ``POST /completions`` (streamed or not; ``tools``, ``logprobs``, ``return_token_ids``), ``GET /models``.
 ``POST /v1/sessions/{session_id}/finish`` with ``{"reward": r}`` (or null: the job's reward function scores
-it) ends the trajectory (also at ``{base_url}/finish``, for the OpenAI client's ``post``). The API's bearer tokens apply: the OpenAI client's ``api_key`` is the tenant's
-token, and a session belongs to its job's tenant.
+it) ends the trajectory (also at ``{base_url}/finish``, for the OpenAI client's ``post``). Each session comes
+with its own ``api_key`` for the OpenAI client: it opens that session's paths and nothing else, so an agent
+(and the tools it runs) need not hold the tenant's token, which works there too.
 
 The calls travel over NATS to the environment manager running the session (``services.envmgr.external``),
 which calls the engines through the router like every trajectory; a call that comes before its trajectory
@@ -28,7 +29,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from loom import openai_api
-from loom.auth import Principal
+from loom.auth import Principal, Tokens
 from loom.protocol import Job, decode, encode, from_json, subjects, to_builtins
 from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest, SessionCall, SessionReply
 from loom.service import Runtime
@@ -65,16 +66,15 @@ def add_gateway_routes(
     jobs: JobManager,
     settings: SchedulerSettings,
     principal: Callable[[Request], Principal],
+    tokens: Tokens,
 ) -> None:
     def session_job(request: Request, sid: str) -> tuple[Job, str] | JSONResponse:
         m = _SESSION.match(sid)
         job = jobs.get(m.group(1)) if m else None
-        if (
-            m is None
-            or job is None
-            or job.spec.env != "external"
-            or not principal(request).owns(job.spec.tenant)
-        ):
+        who = principal(request)
+        if m is None or job is None or job.spec.env != "external":
+            return _error(404, f"{_NO_SESSION} {sid!r}")
+        if who.session != sid and not who.owns(job.spec.tenant):
             return _error(404, f"{_NO_SESSION} {sid!r}")
         traj = m.group(2)
         group, sample = int(traj[1:6]), int(traj[8:])
@@ -152,6 +152,8 @@ def add_gateway_routes(
                     "session_id": sid,
                     "task": to_builtins(w.task),
                     "base_url": f"{base}/v1/sessions/{sid}/v1",
+                    # What the agent presents as its api_key: it opens this session and nothing else.
+                    "api_key": tokens.session_key(sid),
                 }
             )
         return JSONResponse(content={"sessions": sessions})

@@ -191,6 +191,9 @@ class StreamManager:
 
     async def create(self, spec: StreamSpec) -> Stream:
         job_spec = spec.job_spec()
+        if job_spec.env == "external":
+            # Sessions belong to jobs (GET /v1/jobs/{id}/sessions); a stream's would have no one to drive them.
+            raise SpecError(["env"], "an external agent drives a job's sessions, not a rollout stream's")
         tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
         # The record holds every open group and the work queue every sample of them: both stay bounded.
         in_flight = _bound(spec)

@@ -153,7 +153,7 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
         name: _submit(
             loom_up, tmp_path, {**base, "env": f"tests.integration.user_envs:{name}", "tasks": tasks}
         )
-        for name in ("RaisesInReset", "RaisesInStep", "HangsInStep", "Echo")
+        for name in ("RaisesInReset", "RaisesInStep", "HangsInStep", "BadInfo", "Echo")
     }
     # A reset that fails transiently is retried on a fresh instance: its trajectories complete.
     flaky = [{"id": f"f{i}", "data": {"turns": 1, "key": f"{tmp_path.name}-{i}"}} for i in range(2)]
@@ -166,6 +166,7 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
         "RaisesInReset": "reset raised RuntimeError: no board for this task",
         "RaisesInStep": "step 0 raised ValueError: bad move",
         "HangsInStep": "step 0 did not return within 1 s",
+        "BadInfo": "step 0's info cannot be stored",
     }
     for name, reason in reasons.items():
         job = loom_up.wait_job(jobs[name], timeout=300)

@@ -96,9 +96,17 @@ def test_the_openai_client_drives_every_session_of_an_external_job(loom_up: Loom
 
     async def everyone() -> list[dict[str, Any]]:
         return await asyncio.gather(
-            *(_agent(s["base_url"], token, s["task"]["data"]["question"]) for s in sessions)
+            *(_agent(s["base_url"], s["api_key"], s["task"]["data"]["question"]) for s in sessions)
         )
 
+    # A session's key opens that session alone: not another one, not the rest of the API.
+    other = openai.OpenAI(base_url=sessions[1]["base_url"], api_key=sessions[0]["api_key"], max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        other.models.list()
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=sessions[0]["api_key"], max_retries=0).get(
+            "/jobs", cast_to=object
+        )
     runs = asyncio.run(everyone())
     with pytest.raises(openai.NotFoundError):
         openai.OpenAI(base_url=f"{loom_up.api}/v1/sessions/job-0.t00000-s000/v1", api_key=token).models.list()

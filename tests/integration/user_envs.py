@@ -48,6 +48,13 @@ class HangsInStep(Echo):
         raise AssertionError("unreachable")
 
 
+class BadInfo(Echo):
+    """Puts what cannot be stored with a trajectory into its info."""
+
+    async def step(self, action: Action) -> StepResult:
+        return StepResult("ok", done=True, reward=1.0, info={"handle": object()})
+
+
 class FlakyReset(Echo):
     async def reset(self, task: dict[str, Any]) -> str:
         key = str(task.get("key", ""))

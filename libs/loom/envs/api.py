@@ -27,7 +27,9 @@ function. ``reset`` and ``step`` each run under the job's ``tool_timeout_s``.
 
 Failures end only their own trajectory, with the reason: raise ``EnvError`` for a transient failure that may
 be retried (a step is retried on the same instance, so raise it only where that is safe); any other
-exception, or a timeout, fails the trajectory at once.
+exception, or a timeout, fails the trajectory at once. ``reset`` and ``step`` run on the environment
+manager's event loop beside every other trajectory: put blocking work in ``asyncio.to_thread`` (a timeout
+cannot interrupt code that never awaits). Rewards are numbers; ``info`` is plain data (it is stored).
 """
 
 from __future__ import annotations
