@@ -25,7 +25,11 @@ DATA_MAX_MB_ENV = "LOOM_DATA_MAX_MB"
 DEFAULT_DATA_MAX_MB = 512
 
 
-class NotAllowed(ValueError):
+class NotLoaded(ValueError):
+    """Code by import path that cannot be run: not allowed, not importable, or not callable."""
+
+
+class NotAllowed(NotLoaded):
     """A spec names code or a file the operator has not allowed."""
 
 
@@ -45,14 +49,20 @@ def check_code(path: str) -> None:
     )
 
 
-def load(path: str) -> Any:
-    """What ``module:name`` names, imported only when allowed: NotAllowed, else ImportError with the cause."""
+def load(path: str, what: str) -> Any:
+    """The callable ``module:name`` names (``what`` it is: "reward function", "environment"), imported only
+    when allowed: NotAllowed, else NotLoaded saying why it cannot be loaded."""
     check_code(path)
     module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise NotLoaded(f"cannot load {what} {path!r}: {e}") from e
     except AttributeError as e:
-        raise ImportError(f"{module} has no {name!r}") from e
+        raise NotLoaded(f"cannot load {what} {path!r}: {module} has no {name!r}") from e
+    if not callable(found):
+        raise NotLoaded(f"{what} {path!r} is not callable")
+    return found
 
 
 def data_dirs() -> tuple[Path, ...]:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from msgspec import Struct
 
 from loom.tokenizer import ENDOFTEXT, IM_END, chat_tokenizer
@@ -81,6 +82,11 @@ def text_of(content: Any) -> str:
             parts.append(p["text"])
         return "".join(parts)
     raise ChatError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+
+
+def joined_text(messages: Sequence[Message]) -> str:
+    """The text of messages, one per line (what a trajectory records as a step's observation)."""
+    return "\n".join(text_of(m.get("content")) for m in messages)
 
 
 def _check(messages: Sequence[Message]) -> None:
@@ -251,12 +257,5 @@ def message(reply: Reply) -> Message:
     """The assistant message of a reply, as an OpenAI chat completion carries it."""
     out: Message = {"role": "assistant", "content": reply.content or (None if reply.tool_calls else "")}
     if reply.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": c.type,
-                "function": {"name": c.function.name, "arguments": c.function.arguments},
-            }
-            for c in reply.tool_calls
-        ]
+        out["tool_calls"] = msgspec.to_builtins(reply.tool_calls)
     return out

@@ -92,7 +92,6 @@ class Session:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     failure: BaseException | None = None
     reward: float | None = None
-    finish_reason: str = "finished"
 
     async def on_msg(self, msg: Msg) -> None:
         self.busy = True
@@ -184,7 +183,7 @@ class Session:
                 assert self.pending is not None
                 new = req.messages[n:]
                 new_ids = chat.encode(chat.continuation(new, chat.ended(self.pending.output_ids), thinking))
-                observation = "\n".join(chat.text_of(m.get("content")) for m in new)
+                observation = chat.joined_text(new)
                 context, rebased = self.ids + new_ids, False
             else:
                 context = new_ids = chat.encode(chat.render(req.messages, req.tools, True, thinking))
@@ -343,7 +342,7 @@ async def run_external(work: TrajWork, ctx: LoopContext) -> Trajectory:
     return trajectory(
         work,
         "completed",
-        session.finish_reason,
+        "finished",
         session.steps,
         started,
         ctx.clock.now(),

@@ -49,7 +49,7 @@ from services.envmgr.external import run_external
 from services.envmgr.groups import GroupLedger
 from services.envmgr.replay import run_replay
 from services.envmgr.settings import EnvmgrSettings
-from services.envmgr.user_loop import env_class, run_user_env
+from services.envmgr.user_loop import env_class, needs_sandbox, run_user_env
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +216,9 @@ class EnvManager:
             if w.env == "external":
                 return await run_external(w, self.ctx)
             if ":" in w.env:
-                cls = await asyncio.to_thread(env_class, w.env)
-                sandboxed = bool(getattr(cls, "needs_sandbox", False))
-                return await run_user_env(w, self.ctx, await self.sandboxes.get() if sandboxed else None)
+                cls = await asyncio.to_thread(env_class, w.env)  # a first import runs the module's top level
+                pool = await self.sandboxes.get() if needs_sandbox(cls) else None
+                return await run_user_env(w, self.ctx, cls, pool)
             pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
             return await run_env(w, self.ctx, pool)
 

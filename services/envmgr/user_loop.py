@@ -49,14 +49,9 @@ class EnvBroken(Exception):
 def env_class(path: str) -> Any:
     """The class at ``path`` (imported once per process; the import runs the module's top level)."""
     try:
-        cls = allowlist.load(path)
-    except allowlist.NotAllowed as e:
+        return allowlist.load(path, "environment")
+    except allowlist.NotLoaded as e:
         raise EnvBroken(str(e)) from e
-    except ImportError as e:
-        raise EnvBroken(f"cannot load environment {path!r}: {e}") from e
-    if not callable(cls):
-        raise EnvBroken(f"environment {path!r} is not a class")
-    return cls
 
 
 def first_messages(value: Any) -> list[chat.Message]:
@@ -87,10 +82,14 @@ async def _guarded(what: str, timeout_s: float, coro: Any) -> Any:
         raise EnvTimeout(f"{what} did not return within {timeout_s:g} s") from None
 
 
-async def run_user_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
+def needs_sandbox(cls: Any) -> bool:
+    return bool(getattr(cls, "needs_sandbox", False))
+
+
+async def run_user_env(work: TrajWork, ctx: LoopContext, cls: Any, pool: SandboxPool | None) -> Trajectory:
+    """``cls`` is ``env_class(work.env)``; ``pool`` the sandboxes, where it needs them."""
     key = f"{work.job_id}.{work.traj_id}"
-    cls = await asyncio.to_thread(env_class, work.env)  # a first import runs the module's top level
-    sandboxed = bool(getattr(cls, "needs_sandbox", False))
+    sandboxed = needs_sandbox(cls)
     if sandboxed and pool is None:
         raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
     started = ctx.clock.now()
@@ -190,7 +189,7 @@ async def _episode(
         tool_s = ctx.clock.now() - t1
         priority = await await_prediction(ctx, work, k, pred, priority, context, generated)
         follow = observation_messages(result, action)
-        obs_text = "\n".join(chat.text_of(m.get("content")) for m in follow)
+        obs_text = chat.joined_text(follow)
         observations.append(obs_text)
         rewards.append(_reward(result.reward, k))
         info = _info(result.info, k)

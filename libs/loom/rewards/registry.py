@@ -46,14 +46,10 @@ _THREADED = frozenset({"replay", "math"})
 @functools.cache
 def _user_fn(path: str) -> Callable[..., Any]:
     try:
-        fn = allowlist.load(path)  # the scheduler checked too; nothing is imported that was not allowed
-    except allowlist.NotAllowed as e:
+        # The scheduler checked too; nothing is imported that was not allowed.
+        return allowlist.load(path, "reward function")
+    except allowlist.NotLoaded as e:
         raise RewardError(str(e)) from e
-    except ImportError as e:
-        raise RewardError(f"cannot load reward function {path!r}: {e}") from e
-    if not callable(fn):
-        raise RewardError(f"reward function {path!r} is not callable")
-    return fn
 
 
 async def _call_user(path: str, req: RewardRequest) -> float:
