@@ -157,6 +157,7 @@ class Deployment:
             "nats_url": self.nats.url,
             "api_url": self.api_url,
             "pids": self.sup.pids(),
+            "nats_pid": self.nats.proc.pid if self.nats.proc is not None else None,
             "supervisor_pid": os.getpid(),
             "speed": self.cfg.speed,
             "epoch": self.epoch,

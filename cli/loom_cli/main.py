@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from loom import logs
+from loom import lifecycle, logs
 from loom.natsserver import refusals
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logs.configure("loom", "WARNING")
+    # Job schedulers and `timeout` stop a command with SIGTERM: it stops what it started, as Ctrl-C does.
+    lifecycle.sigterm_as_interrupt()
     try:
         if args.cmd == "up":
             rc = asyncio.run(_up(args))

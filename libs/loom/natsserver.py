@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from loom.bus import MAX_PAYLOAD
+from loom.lifecycle import dies_with_me
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,14 @@ class NatsServer:
         conf.write_text(server_config(self.host, self.port if self.port else -1, store) + self.authorization)
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - once, at spawn
         self.proc = await asyncio.create_subprocess_exec(
-            find_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir), stdout=log, stderr=log
+            find_binary(),
+            "-c",
+            str(conf),
+            "--ports_file_dir",
+            str(ports_dir),
+            stdout=log,
+            stderr=log,
+            preexec_fn=dies_with_me(),  # never outlives the process that started it
         )
         log.close()
         deadline = time.monotonic() + wait_s

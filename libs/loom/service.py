@@ -149,6 +149,10 @@ class Runtime:
 
     async def drain(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
+            if not self._nc.is_connected:
+                # Nothing can be flushed to a server that is gone: stop now, not after the drain's timeout.
+                await self._nc.close()
+                return
             try:
                 await asyncio.wait_for(self._nc.drain(), timeout=10)
             except Exception as e:

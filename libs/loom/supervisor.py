@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loom.lifecycle import dies_with_me
+
 log = logging.getLogger(__name__)
 
 
@@ -64,6 +66,7 @@ class Supervisor:
             stderr=out,
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops the children in order
+            preexec_fn=dies_with_me(),  # and a supervisor that dies otherwise takes them with it
         )
         out.close()
         p.started_at = time.monotonic()

@@ -84,6 +84,23 @@ class LoomUp:
 NO_MODEL = ("--predictor-minutes", "0")
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie left by an exited parent is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def outlive(pids: list[int], within_s: float) -> list[int]:
+    """The processes of ``pids`` still running after ``within_s`` seconds (checked as they go)."""
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
 @pytest.fixture(scope="module")
 def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")

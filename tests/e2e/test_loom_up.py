@@ -17,7 +17,7 @@ import pytest
 
 from loom import nats_auth
 from loom.protocol import DeadLetter, decode, subjects
-from tests.e2e.conftest import LOOM, LoomUp
+from tests.e2e.conftest import LOOM, LoomUp, outlive, start_loom_up
 
 
 def _submit(up: LoomUp, tmp_path, spec: dict) -> str:  # type: ignore[no-untyped-def, type-arg]
@@ -179,3 +179,22 @@ def test_ctrl_c_stops_everything(loom_up: LoomUp) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not (loom_up.home / "state.json").exists()
+
+
+def _children(up: LoomUp) -> list[int]:
+    state = up.state()
+    return [*state["pids"].values(), state["nats_pid"]]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_sigterm_or_sigkill_to_loom_up_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    """Job schedulers and `timeout` stop with SIGTERM, which must clean up as Ctrl-C does; a `loom up` killed
+    outright still takes nats-server and every service with it (they used to run on, orphaned)."""
+    gen = start_loom_up(tmp_path)
+    up = next(gen)
+    pids = _children(up)
+    assert len(pids) == 8 and all(pids)
+    up.proc.send_signal(sig)
+    assert up.proc.wait(30) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+    assert outlive(pids, 25) == []
+    gen.close()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.conftest import outlive
 
 LOOM = str(Path(sys.executable).parent / "loom")
 
@@ -55,3 +59,25 @@ def test_loom_train_tiny_runs_every_part(tmp_path: Path) -> None:
     # Every checkpoint the trainer pushed is on disk, and the plot was drawn.
     assert all((out / "alpha1" / "ckpt" / f"v{v}" / "config.json").is_file() for v in (1, 2))
     assert (out / "train.png").stat().st_size > 10_000
+
+
+def test_sigterm_stops_loom_train_and_everything_it_started(tmp_path: Path) -> None:
+    """`timeout` and job schedulers send SIGTERM: `loom train` stops its services and nats-server as Ctrl-C
+    does, and exits (they used to run on for 40 minutes, orphaned)."""
+    out = tmp_path / "train"
+    log = tmp_path / "train.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [LOOM, "train", "--tiny", "--out", str(out)], stdout=f, stderr=subprocess.STDOUT
+        )
+    state = out / "alpha1" / "loom" / "state.json"
+    deadline = time.monotonic() + 300
+    while b"held-out reward before" not in log.read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    s = json.loads(state.read_text())
+    pids = [*s["pids"].values(), s["nats_pid"]]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) != 0  # interrupted, not finished
+    assert outlive(pids, 25) == [], log.read_text()[-3000:]
+    assert not (out / "alpha0").exists()  # it did not go on to the next mode

@@ -1,0 +1,48 @@
+"""Process lifecycle of Loom's own commands: a SIGTERM stops them as Ctrl-C does, and what they start never
+outlives them.
+
+``loom up``, ``loom train`` and ``loom demo`` start a nats-server and the services as children in sessions of
+their own (so that a Ctrl-C at the terminal reaches the parent alone, which stops them in order). Job
+schedulers and ``timeout`` send SIGTERM instead: ``sigterm_as_interrupt`` makes it take the Ctrl-C path, and
+``dies_with_me``, run in each child before it execs, has the kernel send the child SIGTERM if its parent dies
+any other way (SIGKILL, a crash), so that no child is ever orphaned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1
+
+
+def dies_with_me() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child of this process: the kernel sends the child SIGTERM when the thread that
+    forked it exits (Linux; elsewhere None, nothing to run)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        # The parent may have died between fork and prctl: then this process was re-parented already.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # As if Ctrl-C had been pressed: asyncio.run cancels its main task (finally blocks stop the children),
+    # and synchronous code gets KeyboardInterrupt.
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def sigterm_as_interrupt() -> None:
+    """Handle SIGTERM in this process as SIGINT (Ctrl-C). Call it once, in the main thread, at start."""
+    signal.signal(signal.SIGTERM, _interrupt)
