@@ -69,9 +69,10 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
 
 
 def _record_tasks(spec: JobSpec) -> list[TaskSpec]:
-    """Tasks of a user environment or an external agent: inline, or one per line of a jsonl set, each task's
-    data handed to the environment (or the agent) as it is. The environment's code is never imported here:
-    its path is checked against the operator's allowlist as text."""
+    """Tasks of a user environment or an external agent: inline, one per line of a jsonl set, or a built-in
+    task set's (each with its statement as ``prompt`` and the set it came from, so that the set's reward finds
+    its ground truth), each task's data handed to the environment (or the agent) as it is. The environment's
+    code is never imported here: its path is checked against the operator's allowlist as text."""
     if ":" in spec.env:
         _allowed(["env"], allowlist.check_code, spec.env)
     if spec.scripted:
@@ -81,10 +82,17 @@ def _record_tasks(spec: JobSpec) -> list[TaskSpec]:
     ds = spec.dataset
     if ds is None:
         return list(spec.tasks)
-    if ds.name != "jsonl" or not ds.path:
-        raise SpecError(
-            ["dataset", "name"], f"environment {spec.env!r} takes inline tasks or a jsonl set with a path"
-        )
+    if ds.name != "jsonl":
+        try:
+            env = registry.env_of_set(ds.name)
+            ids = _window(ds, registry.task_ids(env, ds.name, ds.path), f"tasks of {ds.name}")
+            return registry.task_specs(env, ds.name, ds.path, ids)
+        except SpecError:
+            raise
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            raise SpecError(["dataset", "name"], str(e).strip("'\"")) from e
+    if not ds.path:
+        raise SpecError(["dataset", "path"], "a jsonl task set needs its path")
     try:
         recs = tasksets.records(ds.path)
     except (ValueError, OSError) as e:

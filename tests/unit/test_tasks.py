@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from loom.protocol import DatasetRef, JobSpec, TaskSpec
+from loom.envs import tasksets
+from loom.protocol import DatasetRef, JobSpec, RewardRequest, TaskSpec, Trajectory
+from loom.rewards.context import ground_truth
 from loom.traces import load_traces
 from services.scheduler.tasks import SpecError, expand, resolve_tasks
 from tests.conftest import need_shared
@@ -137,3 +139,26 @@ def test_user_environment_tasks_come_inline_or_from_a_jsonl_set_unimported(
     with pytest.raises(SpecError) as e:
         resolve_tasks(JobSpec(env="code", dataset=DatasetRef(name="jsonl", path=str(f))), None)
     assert e.value.loc == ["dataset", "name"]
+
+
+def test_an_external_job_takes_a_built_in_task_set_whose_reward_finds_the_answer() -> None:
+    """An agent solving GSM8K through the gateway: the sessions' tasks carry the question, and the math
+    reward on finish(null) finds the set's answer (this was a 422: 'takes inline tasks or a jsonl set')."""
+    need_shared("data/tasks/gsm8k-test.jsonl")
+    spec = JobSpec(env="external", dataset=DatasetRef(name="gsm8k", offset=2, limit=3), reward="math")
+    tasks = resolve_tasks(spec, None)
+    records = tasksets.gsm8k(None, "test")
+    assert [t.id for t in tasks] == list(records)[2:5]
+    for t in tasks:
+        assert t.data["set"] == "gsm8k" and t.data["prompt"] == records[t.id].question
+        req = RewardRequest(_traj(), "math", task=t)
+        assert ground_truth(req) == records[t.id].answer
+    spec.tasks = tasks
+    assert {w.reward for w in expand("j", spec)} == {"math"}
+    with pytest.raises(SpecError, match="needs its path") as e:
+        resolve_tasks(JobSpec(env="external", dataset=DatasetRef(name="jsonl")), None)
+    assert e.value.loc == ["dataset", "path"]
+
+
+def _traj() -> Trajectory:
+    return Trajectory("j", "t", "q", 0, 0, "external", "completed", "done", [], 0.0, 0.0)

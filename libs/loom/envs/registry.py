@@ -54,6 +54,15 @@ def statement(task: Any) -> str:
     return str(task.question)
 
 
+def env_of_set(name: str) -> str:
+    """The built-in environment that runs task set ``name``; KeyError naming the known sets otherwise."""
+    for env, sets in DATASETS.items():
+        if name in sets:
+            return env
+    known = sorted(s for sets in DATASETS.values() for s in sets)
+    raise KeyError(f"unknown task set {name!r}; the built-in sets are {known}")
+
+
 def _tasks(env: str, name: str, path: str | None) -> Mapping[str, Any]:
     if name not in DATASETS.get(env, ()):
         raise ValueError(f"environment {env!r} runs {list(DATASETS.get(env, ()))}, not {name!r}")
