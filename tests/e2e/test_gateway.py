@@ -193,6 +193,29 @@ def test_a_rewritten_history_is_rebased_and_completions_extend_the_context(loom_
     assert t["reward"] == 0.5  # the job's reward function, as the agent gave none
 
 
+def test_an_agent_solves_a_built_in_task_set_scored_by_its_reward(loom_up: LoomUp) -> None:
+    """GSM8K through the gateway: the session's task carries the question, and finish(null) is scored by the
+    math reward against the set's answer (an external job used to refuse built-in sets with a 422)."""
+    token = (loom_up.home / "api_token").read_text().strip()
+    api = openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=token, max_retries=0)
+    spec = {"env": "external", "dataset": {"name": "gsm8k", "limit": 2}, "group_size": 1, "reward": "math"}
+    job = api.post("/jobs", body=spec, cast_to=object)
+    sessions = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"]  # type: ignore[index]
+    assert len(sessions) == 2
+    for s in sessions:
+        question = s["task"]["data"]["prompt"]
+        assert s["task"]["data"]["set"] == "gsm8k" and "?" in question
+        agent = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+        agent.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": question}], max_tokens=8
+        )
+        agent.post("/finish", body={"reward": None}, cast_to=object)
+    assert loom_up.wait_job(job["id"], timeout=60)["completed"] == 2
+    items = api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]  # type: ignore[index]
+    # The simulated engine's placeholder reply is no answer: the math reward scores it, and scores it 0.
+    assert [t["reward"] for t in items] == [0.0, 0.0]
+
+
 SYSTEM = "Answer with the calculator's help."
 CALL = {
     "role": "assistant",
