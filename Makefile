@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml examples/loom-guess/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,trl]'
 	# The example environments, installed as an operator installs a user's package (tests run jobs on them).
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess
 	touch $(STAMP)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +62,14 @@ class GRPOConfig:
     train_embeddings: bool = False
     # Optimizer steps per batch, over equal slices of its sequences; pi_old is the weights before the first.
     minibatches: int = 1
+    # How the per-token losses of a minibatch add up, named as TRL names them (GRPOConfig.loss_type):
+    # "dapo": summed over the minibatch, divided by the scored tokens of the whole batch (DAPO, Loom's default);
+    # "bnpo": divided by the minibatch's scored tokens; "grpo": each sequence's mean, averaged over the
+    # minibatch's sequences (the GRPO paper); "dr_grpo": summed, divided by the minibatch's sequences times
+    # ``max_completion_length`` (Dr. GRPO).
+    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = "dapo"
+    # Dr. GRPO's constant; None: the longest scored span of the batch.
+    max_completion_length: int | None = None
     # Positions per LM-head chunk (memory: chunk x vocab floats).
     head_chunk: int = 256
     max_new_tokens: int = 48
@@ -331,9 +339,11 @@ def grpo_loss(
     cfg: GRPOConfig,
     n_tokens: int | None = None,
     logp_ref: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The decoupled PPO loss over scored tokens (all ``[n]``; ``advantages`` per token), summed and divided
-    by ``n_tokens`` (default: ``n``; pass the whole batch's count when this is one minibatch of it)."""
+    by ``n_tokens`` (default: ``n``; pass the whole batch's count when this is one minibatch of it), or, given
+    ``weights`` (``[n]``, see ``token_weights``), each token's loss times its weight, summed."""
     n = logp.numel()
     denom = float(n_tokens if n_tokens is not None else n)
     if n == 0:
@@ -351,7 +361,7 @@ def grpo_loss(
         kl = torch.exp(d) - d - 1.0
         per_token = per_token + cfg.kl_coef * kl
         kl_mean = float(kl.mean())
-    loss = per_token.sum() / max(denom, 1.0)
+    loss = (per_token * weights).sum() if weights is not None else per_token.sum() / max(denom, 1.0)
     with torch.no_grad():
         clip_frac = float((clipped < surr).float().mean())
         raw = torch.exp(logp_old - logp_behaviour)
@@ -382,14 +392,34 @@ def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, **kw)
 
 
-def _on_policy_grad(behaviour: Tensor, adv: Tensor, is_cap: float, n_tokens: int) -> GradOf:
-    """The gradient of ``grpo_loss`` (KL term off) in each logp_t when pi_old = pi_theta: -w_t A_t / n."""
+def _on_policy_grad(behaviour: Tensor, adv: Tensor, is_cap: float, weights: Tensor) -> GradOf:
+    """The gradient of ``grpo_loss`` (KL term off) in each logp_t when pi_old = pi_theta: -w_t A_t weight_t."""
 
     def grad_of(logp: Tensor, at: slice) -> Tensor:
         w = torch.exp(logp - behaviour[at]).clamp(max=is_cap)
-        return -(w * adv[at]) / max(float(n_tokens), 1.0)
+        return -(w * adv[at]) * weights[at]
 
     return grad_of
+
+
+def token_weights(
+    loss_mask: Tensor, rows: Tensor, minibatch: Tensor, n_tokens: int, cfg: GRPOConfig
+) -> Tensor:
+    """The weight of each scored token of ``rows`` (row-major order) in the loss of the minibatch of sequences
+    ``minibatch`` (``rows`` are those of it run through the model), as ``cfg.loss_type`` adds them up;
+    ``n_tokens``: the scored tokens of the whole batch."""
+    scored = loss_mask[rows, 1:]
+    per_row = scored.sum(1, keepdim=True).expand_as(scored)[scored.bool()]
+    ones = torch.ones_like(per_row)
+    sequences = max(minibatch.numel(), 1)
+    if cfg.loss_type == "dapo":
+        return ones / max(n_tokens, 1)
+    if cfg.loss_type == "bnpo":
+        return ones / max(float(loss_mask[minibatch, 1:].sum()), 1.0)
+    if cfg.loss_type == "grpo":
+        return 1.0 / (per_row.clamp(min=1.0) * sequences)
+    length = cfg.max_completion_length or int(loss_mask[:, 1:].sum(1).max().item())
+    return ones / (sequences * max(length, 1))
 
 
 def train_step(
@@ -408,28 +438,34 @@ def train_step(
     if cfg.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs a reference model")
     n_tokens = int(batch.loss_mask.sum().item())
-    rows = torch.arange(batch.input_ids.shape[0])
-    if cfg.kl_coef == 0:
-        rows = rows[batch.advantages != 0]
+    everyone = torch.arange(batch.input_ids.shape[0])
+    minibatches = [m for m in torch.tensor_split(everyone, max(1, min(cfg.minibatches, everyone.numel())))]
+    # With the KL term off, a sequence of advantage 0 has no gradient: it is never run through the model (it
+    # still counts in its minibatch's denominators).
+    active = [m[batch.advantages[m] != 0] if cfg.kl_coef == 0 else m for m in minibatches]
+    pairs = [(m, s) for m, s in zip(minibatches, active, strict=True) if s.numel()]
+    rows = torch.cat([s for _, s in pairs]) if pairs else everyone[:0]
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    slices = [s for s in torch.tensor_split(rows, max(1, min(cfg.minibatches, rows.numel()))) if s.numel()]
-    old: list[Tensor | None] = [None] * len(slices)
-    if len(slices) > 1:
+    old: list[Tensor | None] = [None] * len(pairs)
+    if len(pairs) > 1:
         with torch.no_grad():
-            old = [sequence_logprobs(model, batch.select(s), cfg.temperature, cfg.head_chunk) for s in slices]
+            old = [
+                sequence_logprobs(model, batch.select(s), cfg.temperature, cfg.head_chunk) for _, s in pairs
+            ]
     totals = {"loss": 0.0, "clip_frac": 0.0, "is_weight": 0.0, "is_truncated": 0.0, "kl": 0.0}
     grad_norm = 0.0
     entropy_sum = 0.0
     trained = 0
-    for s, lp_old in zip(slices, old, strict=True):
+    for (m, s), lp_old in zip(pairs, old, strict=True):
         sub = batch.select(s)
         sel = sub.loss_mask[:, 1:].bool()
         behaviour = sub.behaviour_logprobs[:, 1:][sel]
         adv = sub.advantages[:, None].expand_as(sel)[sel]
+        weights = token_weights(batch.loss_mask, s, m, n_tokens, cfg)
         # pi_old is this very pass when there is one minibatch: every ratio is exactly 1, inside the clip range.
         grad_of = (
-            _on_policy_grad(behaviour, adv, cfg.is_cap, n_tokens)
+            _on_policy_grad(behaviour, adv, cfg.is_cap, weights)
             if lp_old is None and cfg.kl_coef == 0
             else None
         )
@@ -439,7 +475,7 @@ def train_step(
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = sequence_logprobs(ref_model, sub, cfg.temperature, cfg.head_chunk)
-        loss, stats = grpo_loss(logp, logp_old, behaviour, adv, cfg, n_tokens, ref)
+        loss, stats = grpo_loss(logp, logp_old, behaviour, adv, cfg, n_tokens, ref, weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
