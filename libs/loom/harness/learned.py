@@ -102,7 +102,15 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
     paths = [root / f"fold{f}" / "model.onnx" for f in range(budget.folds)]
     if all(_calibrated(p) for p in paths):
         return paths
-    say = log or (lambda m: print(m, file=sys.stderr))
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    todo = sum(not _calibrated(p) for p in paths)
+    # A fold trains for its budget, then is exported and calibrated (about 10 s more); reading the traces
+    # into examples takes about 30 s on two cores. Said up front: a first run is otherwise minutes of silence.
+    eta_s = 30 + todo * (60 * budget.minutes_per_fold + 10)
+    say(
+        f"learned predictor: training {todo} of {budget.folds} fold models ({budget.minutes_per_fold:g} min "
+        f"each), about {eta_s / 60:.1f} min; once: cached in {root} for later runs"
+    )
     traces = list(_all_traces().values())
     workload_of = trace_sets.workload_of_prompts()
     cache: dict[str, list[int]] = {}
@@ -110,6 +118,7 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
     for t in traces:
         examples.extend(dataset.trajectory_examples(t, cache=cache))
         cache.clear()
+    folds_started, trained = time.monotonic(), 0
     for f, path in enumerate(paths):
         if _calibrated(path):
             continue
@@ -128,6 +137,12 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
             f"{report.best_epoch}, val loss {report.val_loss:.3f}, error at admission {sd:.2f} (log sd), "
             f"slope {slope:.2f}, {time.monotonic() - t0:.0f} s"
         )
+        trained += 1
+        if todo > trained:
+            per_fold = (time.monotonic() - folds_started) / trained
+            say(
+                f"learned predictor: {todo - trained} fold(s) to go, about {(todo - trained) * per_fold / 60:.1f} min"
+            )
     return paths
 
 
