@@ -27,6 +27,17 @@ KEYS = {
     "async_bound",
     "wall_s",
     "sync_wall_s",
+    "sync_reward_last",
+    "eval_prompts",
+    "failed_first",
+    "failed_last",
+    "end_reasons_first",
+    "end_reasons_last",
+    "clue_consistent_first",
+    "clue_consistent_last",
+    "baseline_random",
+    "baseline_fixed_order",
+    "baseline_demonstrator",
 }
 
 
@@ -48,6 +59,9 @@ def test_loom_train_tiny_runs_every_part(tmp_path: Path) -> None:
     lo, hi = summary["reward_gain_ci95"]
     assert lo <= summary["reward_gain"] <= hi
     assert summary["wall_s"] > 0 and summary["sync_wall_s"] > 0
+    # Baselines of the same held-out games: random distinct boxes find the coin tries / boxes of the time.
+    assert 0.4 < summary["baseline_random"] < 0.5 and summary["eval_prompts"] <= summary["eval_tasks"]
+    assert sum(summary["end_reasons_first"].values()) + summary["failed_first"] == 8
     # Each update loaded the checkpoint while the engine generated (the fetch) and held it only to switch.
     assert summary["update_fetch_s"] > 0 and summary["update_pause_s"] >= 0
     report = json.loads((out / "train.json").read_text())
@@ -81,3 +95,25 @@ def test_sigterm_stops_loom_train_and_everything_it_started(tmp_path: Path) -> N
     assert proc.wait(60) != 0  # interrupted, not finished
     assert outlive(pids, 25) == [], log.read_text()[-3000:]
     assert not (out / "alpha0").exists()  # it did not go on to the next mode
+
+
+def test_loom_train_quick_learns(tmp_path: Path) -> None:
+    """The guard on what `loom train` is for: through every service, the quick preset's policy gains on the
+    held-out games (interval by task above 0) and plays the clue better than it did. Without it, 44 commits
+    once went by with the gain at 0 and nobody saw it. About five minutes: one run, at async_bound 0, whose
+    samples do not depend on how the trainer's and the engine's timings interleave."""
+    out = tmp_path / "train"
+    r = subprocess.run(
+        [LOOM, "train", "--quick", "--async-bound", "0", "--json", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["eval_tasks"] == 200 and s["failed_first"] == s["failed_last"] == 0
+    assert s["reward_gain_ci95"][0] > 0, s
+    assert s["clue_consistent_last"] > s["clue_consistent_first"], s
+    assert s["end_reasons_last"].get("no box number", 0) < s["end_reasons_first"]["no box number"], s
+    assert abs(s["is_weight_mean_sync"] - 1) <= 0.01, s  # the engine and the trainer agree on log-probs

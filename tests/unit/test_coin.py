@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import statistics
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from loom.envs import actions, coin
 from loom.envs.actions import ToolCall
-from loom.envs.coin import CoinEnv, CoinTask, coin_tasks
+from loom.envs.coin import CoinEnv, CoinTask, clue_play, coin_tasks, open_action, sloppy_action
 from loom.policy import build_tiny
 from loom.tokenizer import STOP_IDS
 from loom.trainer.coin_warmstart import coin_warm_start, demonstration, play_sequence
@@ -235,3 +236,23 @@ def test_coin_warm_start_fits_the_demonstrations() -> None:
     assert not model.training
     with pytest.raises(ValueError):
         coin_warm_start(model, [], steps=1)
+
+
+def test_baselines_are_what_their_plays_score() -> None:
+    train = list(coin.coin_tasks("train").values())
+    held = list(coin.coin_tasks("eval").values())
+    rng = random.Random(0)
+    for t in held[:50]:
+        assert coin.random_value(t) == t.tries / t.boxes
+        assert coin.play_value(t, [open_action(b) for b in clue_play(t, rng)]) == 1.0
+        assert coin.play_value(t, [sloppy_action(t.coin), open_action(t.coin)]) == 0.0
+        assert coin.clue_consistent(t, [*t.candidates(), 0]) == (len(t.candidates()), len(t.candidates()) + 1)
+    # The best fixed order of each box count is at least as good, on the games it was chosen from, as the
+    # average order, which is what opening distinct boxes at random scores.
+    orders = coin.fixed_orders(train)
+    fixed = statistics.fmean(coin.fixed_order_value(t, orders) for t in train)
+    assert fixed >= statistics.fmean(coin.random_value(t) for t in train)
+    for t in held[:50]:
+        assert coin.fixed_order_value(t, orders) == coin.play_value(
+            t, [open_action(b) for b in orders[t.boxes][: t.tries]]
+        )

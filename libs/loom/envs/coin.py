@@ -26,7 +26,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from loom.envs.actions import ToolCall, json_call
+from loom.envs.actions import ParseError, ToolCall, json_call, parse
 from loom.envs.base import Observation
 
 TOOLS = ("open",)
@@ -295,3 +295,45 @@ class CoinEnv:
 
     async def close(self) -> None:
         pass
+
+
+# ---------------------------------------------------------------- baselines a trained policy is measured against
+
+
+def random_value(task: CoinTask) -> float:
+    """The chance that distinct boxes opened at random find the coin: ``tries / boxes``."""
+    return task.tries / task.boxes
+
+
+def fixed_orders(train: list[CoinTask]) -> dict[int, list[int]]:
+    """The best clue-blind play: for each box count, one order of boxes for every game, the boxes where the
+    coin lay most often in ``train`` first (ties by number)."""
+    counts: dict[int, dict[int, int]] = {}
+    for t in train:
+        c = counts.setdefault(t.boxes, dict.fromkeys(range(1, t.boxes + 1), 0))
+        c[t.coin] += 1
+    return {n: sorted(c, key=lambda b: (-c[b], b)) for n, c in counts.items()}
+
+
+def fixed_order_value(task: CoinTask, orders: dict[int, list[int]]) -> float:
+    order = orders.get(task.boxes, list(range(1, task.boxes + 1)))
+    return float(task.coin in order[: task.tries])
+
+
+def play_value(task: CoinTask, calls: list[str]) -> float:
+    """The reward of playing ``calls`` (``Open[N]`` texts, careless ones included) in this game."""
+    env = CoinEnv(task)
+    for text in calls:
+        try:
+            obs = env.act(parse(text))
+        except ParseError:
+            return 0.0
+        if obs.done:
+            break
+    return float(env.found)
+
+
+def clue_consistent(task: CoinTask, opened: list[int]) -> tuple[int, int]:
+    """How many of the boxes opened the clue allows, and how many were opened."""
+    allowed_boxes = set(task.candidates())
+    return sum(b in allowed_boxes for b in opened), len(opened)

@@ -8,8 +8,10 @@ of data an SFT set holds, good and bad mixed (``demonstration``): it follows the
 the games and plays legal, distinct boxes blind in the others, and it writes a share ``slip`` of its calls
 carelessly (``coin.sloppy_action``, ``Open[three]``: the game ends with reward 0). The policy imitates all of
 it; RL then has to tell the good from the bad. The loss is on the model's outputs only, as in RL. (Measured
-with the small policy of ``loom train``, 300 steps, ``follow`` 0.5, ``slip`` 0.15: held-out reward 0.20 at
-temperature 1, half the games ended by a careless call; 20 GRPO steps offline raised it to 0.35.)
+with the small policy of ``loom train``, ``follow`` 0.5, ``slip`` 0.15, held-out games at temperature 1: after
+300 steps, reward 0.21, half the games ended by a careless call, and 42% of first boxes allowed by the clue,
+chance level: the clue not yet learned; after 1,000 steps, reward 0.33 and 59%. The demonstrator itself scores
+0.54 and follows the clue in 72% of first boxes.)
 
 The optimiser, schedule and sampled softmax are those of ``loom.trainer.warmstart``.
 """
