@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
@@ -78,3 +79,23 @@ def chat_tokenizer() -> tiktoken.Encoding:
 
 def count_tokens(text: str) -> int:
     return len(qwen_tokenizer().encode_ordinary(text))
+
+
+def hf_tokenizer() -> Any:
+    """Qwen's tokenizer as a transformers ``PreTrainedTokenizerFast`` (the same ids as ``chat_tokenizer``),
+    built from the local BPE file, for libraries that take a tokenizer object (TRL's ``processing_class``):
+    no hub download. ``<|im_end|>`` ends a turn; ``<|endoftext|>`` pads."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    path = default_shared_dir() / "data" / "tokenizer" / "qwen.tiktoken"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Qwen tokenizer not found at {path} (expected ../shared/data beside the project)"
+        )
+    converted = TikTokenConverter(
+        vocab_file=str(path), pattern=QWEN_PATTERN, extra_special_tokens=list(ADDED_TOKENS)
+    ).converted()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=converted, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )

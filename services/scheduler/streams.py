@@ -301,17 +301,45 @@ class StreamManager:
     # ------------------------------------------------------------------ weights
 
     async def update_weights(self, u: WeightUpdate) -> WeightUpdateResult:
-        """Move the stream's model's whole fleet to ``u.version``: prepare the weights on every worker (while
-        they generate, under ``u.async_fetch``; else inside the pause), and only if all prepared, pause all
-        and commit on all; otherwise discard everywhere, so the fleet is never mixed. Then the bound aborts
-        what it no longer admits, and the workers resume.
+        """Move the stream's model's whole fleet to ``u.version`` (``move_fleet``); inside the pause the stream
+        takes the version and the bound aborts what it no longer admits, before the workers resume.
 
         Under ``async_fetch`` the requests running meanwhile go on under the old weights; they are within
         the bound (a stream at bound 0 starts nothing while its batch trains, so nothing runs then)."""
         st = self._running(u.stream_id)
         if u.version <= st.version:
             raise StreamError("conflict", f"version {u.version} is not after the stream's {st.version}")
-        model = st.spec.model
+
+        async def switched() -> None:
+            async with self._lock(u.stream_id):
+                now = self.get(u.stream_id)
+                await self._save(msgspec.structs.replace(now, version=u.version))
+            # Before generation resumes: stale trajectories stop instead of generating under new weights.
+            await self.rt.nc.publish(
+                subjects.CONTROL_VERSION,
+                encode(StreamVersion(u.stream_id, u.version, st.spec.async_bound)),
+            )
+
+        result = await self.move_fleet(st.spec.model, u, switched)
+        log.info("stream %s: fleet at version %s", u.stream_id, u.version)
+        await self._refill(u.stream_id)
+        return result
+
+    async def fleet_version(self, model: str) -> FleetWeights | None:
+        """The weights every worker of ``model`` serves, as the last fleet update left them (None: never moved)."""
+        try:
+            entry = await self.kv_weights.get(model)
+        except KeyNotFoundError:
+            return None
+        return decode(entry.value, FleetWeights) if entry.value else None
+
+    async def move_fleet(
+        self, model: str, u: WeightUpdate, switched: Callable[[], Awaitable[None]] | None = None
+    ) -> WeightUpdateResult:
+        """Move every rollout worker of ``model`` to ``u.version`` from ``u.path``: prepare the weights on each
+        (while they generate, under ``u.async_fetch``; else inside the pause), and only if all prepared, pause
+        all and commit on all; otherwise discard everywhere, so the fleet is never mixed. ``switched`` runs
+        after the commit, before the workers resume."""
         async with self._model_locks.setdefault(model, asyncio.Lock()):
             t0 = time.monotonic()
             members = await read_workers(self.kv_workers, within_s=FLEET_MEMBER_S)
@@ -336,24 +364,16 @@ class StreamManager:
                     await self._prepare(workers, version, u)
                 await self._commit(model, workers, version, u.timeout_s)
                 await self.kv_weights.put(model, encode(FleetWeights(model, version, u.path, time.time())))
-                async with self._lock(u.stream_id):
-                    st = self.get(u.stream_id)
-                    await self._save(msgspec.structs.replace(st, version=u.version))
-                # Before generation resumes: stale trajectories stop instead of generating under new weights.
-                await self.rt.nc.publish(
-                    subjects.CONTROL_VERSION,
-                    encode(StreamVersion(u.stream_id, u.version, st.spec.async_bound)),
-                )
+                if switched is not None:
+                    await switched()
             finally:
                 await self._fleet("resume", workers, version, None, u.timeout_s, strict=False)
                 self.m_pause.observe(time.monotonic() - paused)
             self.m_updates.labels("ok").inc()
-            log.info("stream %s: fleet of %d at version %s", u.stream_id, len(workers), version)
-            result = WeightUpdateResult(
+            log.info("model %s: fleet of %d at version %s", model, len(workers), version)
+            return WeightUpdateResult(
                 u.version, workers, time.monotonic() - paused, time.monotonic() - t0, fetch_s=fetch_s
             )
-        await self._refill(u.stream_id)
-        return result
 
     async def _prepare(self, workers: list[str], version: str, u: WeightUpdate) -> None:
         """Load the weights beside the serving ones on every worker; if any fails, drop them everywhere."""

@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -41,6 +41,10 @@ class WeightsBody(BaseModel):
     timeout_s: float = Field(300.0, gt=0, le=3600)
     # Load while generating and pause only to switch (RollArt §5.2); false: load inside the pause.
     async_fetch: bool = True
+
+
+# A fleet is named by its model, as rollout workers register it (a key of the weights bucket).
+ModelName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,7}$", max_length=128)]
 
 
 def _http(e: StreamError) -> HTTPException:
@@ -153,5 +157,37 @@ def add_stream_routes(
                 WeightUpdate(stream_id, body.version, body.path, body.timeout_s, body.async_fetch)
             )
         except StreamError as e:
+            raise _http(e) from e
+        return to_builtins(res)
+
+    @app.get("/v1/models/{model}/weights", responses=answers(404, 422))
+    async def fleet_weights(model: ModelName) -> dict[str, Any]:
+        """The weights the fleet of ``model`` serves (its version and checkpoint), as the last update left it."""
+        w = await streams.fleet_version(model)
+        if w is None:
+            raise HTTPException(
+                status_code=404, detail=f"the fleet of {model!r} was never moved off its start"
+            )
+        return to_builtins(w)
+
+    @app.post("/v1/models/{model}/weights", responses=answers(403, 404, 409, 422, 502))
+    async def move_fleet(request: Request, model: ModelName, body: WeightsBody) -> dict[str, Any]:
+        """Move every rollout worker of ``model`` to a checkpoint, all or nothing, without a stream: a trainer
+        that picks its own prompts (TRL's ``rollout_func``, verl's agent-loop manager) and runs them as jobs.
+        The fleet is shared by every tenant's jobs on it: this is the admin's."""
+        if not request.state.principal.admin:
+            raise HTTPException(status_code=403, detail="moving a shared fleet's weights is the admin's")
+        now = await streams.fleet_version(model)
+        if now is not None and now.version.isdigit() and body.version <= int(now.version):
+            raise HTTPException(
+                status_code=409, detail=f"version {body.version} is not after the fleet's {now.version}"
+            )
+        try:
+            res = await streams.move_fleet(
+                model, WeightUpdate("fleet", body.version, body.path, body.timeout_s, body.async_fetch)
+            )
+        except StreamError as e:
+            if e.code == "unavailable":  # no worker serves it: there is no such fleet
+                raise HTTPException(status_code=404, detail=e.message) from e
             raise _http(e) from e
         return to_builtins(res)
