@@ -22,7 +22,7 @@ import random
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,8 @@ class TrainConfig:
     lr: float = 1e-3
     # Optimizer steps per batch (GRPOConfig.minibatches): with one, 30 steps move no weight by more than 30 lr.
     minibatches: int = 4
+    # A control run: "shuffled" hands GRPO each batch's rewards in random order.
+    control: str | None = None
     # The coin warm start's demonstrator: share of games that follow the clue, share of careless calls.
     follow: float = 0.5
     slip: float = 0.15
@@ -127,6 +129,7 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
             setattr(cfg, name, v)
     cfg.base = args.base
     cfg.sync = not args.no_sync
+    cfg.control = args.control
     if cfg.warm_steps is None:
         cfg.warm_steps = TASKS[cfg.task].warm_steps
     return cfg
@@ -138,6 +141,37 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     torch.set_num_threads(1)
+    seeds = max(1, args.seeds)
+    # With several seeds each runs the whole pipeline, warm start included, in a folder of its own.
+    runs = [
+        run_once(replace(cfg, seed=cfg.seed + k), out if seeds == 1 else out / f"seed{cfg.seed + k}", console)
+        for k in range(seeds)
+    ]
+    summary = runs[0] if seeds == 1 else spread(runs)
+    if seeds > 1:
+        (out / "train.json").write_text(json.dumps({"summary": summary}, indent=2))
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        console.print_json(json.dumps(summary))
+    bad = [
+        r["is_weight_mean_sync"]
+        for r in runs
+        if abs(r.get("is_weight_mean_sync", 1.0) - 1.0) > IS_WEIGHT_TOLERANCE
+    ]
+    if bad:
+        console.print(
+            f"[bold red]loom train: at async_bound 0 the mean importance weight is {bad[0]}, not 1 ± "
+            f"{IS_WEIGHT_TOLERANCE}: the engine's log-probabilities disagree with the trainer's for the same "
+            "weights, so the samples were not on-policy[/]"
+        )
+        return 3
+    return 0
+
+
+def run_once(cfg: TrainConfig, out: Path, console: Console) -> dict[str, Any]:
+    """The whole pipeline once: warm start, each mode's training through Loom, the held-out scores."""
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     ckpt0 = initial_checkpoint(cfg, out, console)
     modes = [cfg.async_bound] + ([0] if cfg.sync and cfg.async_bound != 0 else [])
@@ -149,21 +183,21 @@ def run(args: argparse.Namespace) -> int:
     (out / "train.json").write_text(
         json.dumps({"summary": summary, "modes": [asdict(r) for r in results]}, indent=2)
     )
-    plot(results, out / "train.png")
+    plot(results, out / "train.png", summary.get("baseline_random"))
     console.print(f"plot: {out / 'train.png'}; report: {out / 'train.json'}")
-    if args.json:
-        print(json.dumps(summary), flush=True)
-    else:
-        console.print_json(json.dumps(summary))
-    w = summary.get("is_weight_mean_sync")
-    if w is not None and abs(w - 1.0) > IS_WEIGHT_TOLERANCE:
-        console.print(
-            f"[bold red]loom train: at async_bound 0 the mean importance weight is {w}, not 1 ± "
-            f"{IS_WEIGHT_TOLERANCE}: the engine's log-probabilities disagree with the trainer's for the same "
-            "weights, so the samples were not on-policy[/]"
-        )
-        return 3
-    return 0
+    return summary
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several seeds' runs: each summary, and the mean and standard deviation of what varies between them."""
+    out: dict[str, Any] = {"seeds": len(runs), "runs": runs}
+    for key in ("reward_first", "reward_last", "reward_gain", "sync_reward_last", "speedup_vs_sync"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if len(values) > 1:
+            out[f"{key}_mean"] = round(statistics.fmean(values), 4)
+            out[f"{key}_sd"] = round(statistics.stdev(values), 4)
+    out["gain_intervals_above_0"] = sum(r["reward_gain_ci95"][0] > 0 for r in runs)
+    return out
 
 
 def initial_checkpoint(cfg: TrainConfig, out: Path, console: Console) -> Path:
@@ -245,7 +279,10 @@ async def run_mode(
             )
         nc = await bus.connect(dep.nats.url, "loom-train", credentials=dep.credentials("trainer"))
         torch.manual_seed(cfg.seed)
-        trainer = GRPOTrainer(policy.load(ckpt0), GRPOConfig(lr=cfg.lr, minibatches=cfg.minibatches))
+        shuffle = random.Random(cfg.seed) if cfg.control == "shuffled" else None
+        trainer = GRPOTrainer(
+            policy.load(ckpt0), GRPOConfig(lr=cfg.lr, minibatches=cfg.minibatches), shuffle_rewards=shuffle
+        )
         t0 = time.monotonic()
         stream = await StreamClient.create(nc, stream_spec(cfg, alpha))
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -441,4 +478,19 @@ def summarize(cfg: TrainConfig, main: ModeResult, sync: ModeResult | None) -> di
             if "clue_consistent" in h:
                 out[f"clue_consistent_{when}"] = h["clue_consistent"]
     out.update(baselines(cfg))
+    if "baseline_random" in out:
+        # Reward against wall time: when the batch reward (mean of 5 steps) first reaches chance's.
+        out["time_to_random_s"] = time_to(main.steps, out["baseline_random"])
+        if sync is not None:
+            out["sync_time_to_random_s"] = time_to(sync.steps, out["baseline_random"])
+    if cfg.control is not None:
+        out["control"] = cfg.control
     return out
+
+
+def time_to(steps: list[dict[str, Any]], target: float, window: int = 5) -> float | None:
+    """The wall seconds at which the mean batch reward of the last ``window`` steps first reaches ``target``."""
+    for i in range(window - 1, len(steps)):
+        if statistics.fmean(s["reward"] for s in steps[i - window + 1 : i + 1]) >= target:
+            return float(steps[i]["wall_s"])
+    return None

@@ -22,4 +22,12 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--lr", type=float, help="GRPO learning rate")
     t.add_argument("--base", help="a local Qwen3 checkpoint directory to start from instead of a tiny model")
     t.add_argument("--no-sync", action="store_true", help="skip the async_bound=0 comparison run")
+    t.add_argument(
+        "--control",
+        choices=("shuffled",),
+        help="a control run: 'shuffled' hands GRPO the batch's rewards in random order (no gain expected)",
+    )
+    t.add_argument(
+        "--seeds", type=int, default=1, help="run the whole pipeline (warm start included) this many times"
+    )
     t.add_argument("--out", default="bench-out/train", help="checkpoints, logs, plot and report")

@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
-def plot(modes: list[Any], path: Path) -> None:
+def plot(modes: list[Any], path: Path, target: float | None = None) -> None:
+    """``target``: a reward to draw across the reward plots (the random player's, for coin)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for m in modes:
         label = f"async_bound {m.async_bound}"
@@ -25,6 +26,9 @@ def plot(modes: list[Any], path: Path) -> None:
                 y0 = sum(m.eval_first.values()) / len(m.eval_first)
                 y1 = sum(m.eval_last.values()) / len(m.eval_last)
                 ax.plot([x0, x1], [y0, y1], "k*--", ms=12, label=f"{label}: held-out eval")
+    if target is not None:
+        for ax in axes[:2]:
+            ax.axhline(target, color="grey", ls=":", label=f"random play ({target:.2f})")
     axes[0].set(xlabel="step", ylabel="mean reward of the batch", title="reward by step")
     axes[1].set(
         xlabel="wall seconds since the stream opened", ylabel="mean reward", title="reward by wall time"

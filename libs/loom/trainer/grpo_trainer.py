@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,17 @@ class StepReport:
 
 
 class GRPOTrainer:
-    def __init__(self, model: torch.nn.Module, cfg: GRPOConfig) -> None:
+    """``shuffle_rewards``: a control, each batch's rewards handed to GRPO in an order drawn from this
+    generator, so that they say nothing of the trajectories they go with (a trainer that learns anyway learns
+    from something other than the reward)."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: GRPOConfig, shuffle_rewards: random.Random | None = None
+    ) -> None:
         self.model = model
         self.cfg = cfg
         self.optimizer = make_optimizer(model, cfg)
+        self.shuffle_rewards = shuffle_rewards
 
     def step(self, batch: StreamBatch) -> StepReport:
         t0 = time.perf_counter()
@@ -62,6 +70,8 @@ class GRPOTrainer:
                 labels.append(g.group)
         metrics: dict[str, float] = {}
         if flats:
+            if self.shuffle_rewards is not None:
+                self.shuffle_rewards.shuffle(rewards)
             adv = group_advantages(rewards, labels, self.cfg.scale_std, self.cfg.std_eps)
             raw = train_step(self.model, self.optimizer, collate(flats, adv), self.cfg)
             metrics = {k: v for k, v in raw.items() if math.isfinite(v)}
