@@ -103,7 +103,9 @@ def test_trl_grpo_trainer_trains_on_loom_rollouts(loom_up: LoomUp, tmp_path: Pat
     # The fleet's weights are the admin's to move, forward only.
     api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "1"
-    again = api.post("/v1/models/qwen3-8b/weights", json={"version": 1, "path": str(tmp_path / "ckpt" / "v1")})
+    again = api.post(
+        "/v1/models/qwen3-8b/weights", json={"version": 1, "path": str(tmp_path / "ckpt" / "v1")}
+    )
     assert again.status_code == 409, again.text
     assert api.get("/v1/models/no-such-model/weights").status_code == 404
     assert trainer.state.global_step == 2
