@@ -342,8 +342,7 @@ class StreamManager:
         after the commit, before the workers resume."""
         async with self._model_locks.setdefault(model, asyncio.Lock()):
             t0 = time.monotonic()
-            members = await read_workers(self.kv_workers, within_s=FLEET_MEMBER_S)
-            workers = sorted(w for w, i in members.items() if i.model == model)
+            workers = await self._members(model)
             if not workers:
                 raise StreamError("unavailable", f"no rollout worker serves {model!r}")
             version = str(u.version)
@@ -374,6 +373,19 @@ class StreamManager:
             return WeightUpdateResult(
                 u.version, workers, time.monotonic() - paused, time.monotonic() - t0, fetch_s=fetch_s
             )
+
+    async def _members(self, model: str, attempts: int = 3) -> list[str]:
+        """The workers of ``model``'s fleet. A registry read that finds none is tried again a second later: the
+        key-value listing behind it can come back empty for a moment (seen once in 30 updates of a training run
+        whose worker was serving), and a missed worker would fail the update."""
+        for attempt in range(attempts):
+            members = await read_workers(self.kv_workers, within_s=FLEET_MEMBER_S)
+            workers = sorted(w for w, i in members.items() if i.model == model)
+            if workers or attempt == attempts - 1:
+                return workers
+            log.warning("no worker of %s in the registry; reading it again", model)
+            await asyncio.sleep(1.0)
+        return []
 
     async def _prepare(self, workers: list[str], version: str, u: WeightUpdate) -> None:
         """Load the weights beside the serving ones on every worker; if any fails, drop them everywhere."""
