@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ datasets = pytest.importorskip("datasets")
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
 PROMPT, COMPLETION = 6, 9
+LR = 1.0  # plain SGD: large enough that one step moves the second minibatch's ratios past the clip
 
 
 def _tokenizer():
@@ -80,19 +82,18 @@ def _loom(
     return metrics["loss"], [_grad(p) for p in model.parameters() if p.requires_grad]
 
 
-def _trl(
-    model: torch.nn.Module,
-    batch: dict[str, torch.Tensor],
-    behaviour: torch.Tensor,
-    cfg: GRPOConfig,
-    tmp: Path,
-) -> tuple[float, list[torch.Tensor]]:
+def _trl_trainer(
+    model: torch.nn.Module, cfg: GRPOConfig, tmp: Path, per_device: int = 4, steps_per_generation: int = 1
+) -> Any:
+    """TRL's GRPOTrainer on ``model`` with ``cfg``'s loss, set as its vLLM path sets itself (Loom's integration
+    applies the same truncated importance sampling, which is this branch of TRL's own loss)."""
     args = trl.GRPOConfig(
         output_dir=str(tmp),
         use_cpu=True,
         bf16=False,
         report_to=[],
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=per_device,
+        steps_per_generation=steps_per_generation,
         num_generations=4,
         loss_type=cfg.loss_type,
         epsilon=cfg.clip_eps,
@@ -111,11 +112,20 @@ def _trl(
             processing_class=_tokenizer(),
             train_dataset=datasets.Dataset.from_list([{"prompt": "a"}]),
         )
-    # TRL corrects for the sampler's log-probabilities (truncated importance sampling) on its vLLM path only;
-    # Loom's integration applies the same correction, which is this branch of TRL's own loss.
     trainer.use_vllm = True
     trainer.vllm_importance_sampling_correction = True
     trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _trl(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    behaviour: torch.Tensor,
+    cfg: GRPOConfig,
+    tmp: Path,
+) -> tuple[float, list[torch.Tensor]]:
+    trainer = _trl_trainer(model, cfg, tmp)
     mask = batch["completion_mask"] * batch["tool_mask"]
     old = _logprobs(model, batch)
     ratio = torch.exp(torch.nan_to_num((old - behaviour) * mask, nan=0.0)).clamp(max=cfg.is_cap)
@@ -151,6 +161,69 @@ def test_loom_loss_and_gradients_equal_trl_for_each_loss_type(loss_type: str, tm
     for a, b in zip(loom_grads, trl_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert any(float(g.abs().max()) > 0 for g in trl_grads)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
+def test_several_minibatches_with_the_clip_binding_match_trl_step_for_step(
+    loss_type: str, tmp_path: Path
+) -> None:
+    """Two optimizer steps on one batch (Loom's ``minibatches=2``, TRL's ``steps_per_generation=2``): the
+    second half's ratios are taken against the weights before the first step, far enough from 1 that the clip
+    binds; the weights after both steps agree."""
+    batch = _batch(3)
+    cfg = GRPOConfig(
+        loss_type=loss_type,  # type: ignore[arg-type]
+        max_grad_norm=1e9,
+        max_completion_length=COMPLETION,
+        minibatches=2,
+    )
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = policy.build_tiny(seed=0, **SMALL)
+        grpo.make_optimizer(m, cfg)
+        models.append(m)
+    noise = torch.randn(batch["completion_ids"].shape, generator=torch.Generator().manual_seed(4))
+    behaviour = _logprobs(models[0], batch) + 0.3 * noise
+    mask = (batch["completion_mask"] * batch["tool_mask"]).float()
+
+    flats = []
+    for i in range(mask.shape[0]):
+        n = int(batch["completion_mask"][i].sum())
+        ids = torch.cat([batch["prompt_ids"][i], batch["completion_ids"][i, :n]])
+        lps = torch.cat([torch.zeros(PROMPT), behaviour[i, :n] * mask[i, :n]])
+        flats.append(Flat(ids, torch.cat([torch.zeros(PROMPT), mask[i, :n]]), lps))
+    loom_opt = torch.optim.SGD([p for p in models[0].parameters() if p.requires_grad], lr=LR)
+    metrics = grpo.train_step(models[0], loom_opt, grpo.collate(flats, batch["advantages"]), cfg)
+    assert metrics["clip_frac"] > 0.05, metrics  # the clip binds in the second step
+
+    trainer = _trl_trainer(models[1], cfg, tmp_path, per_device=2, steps_per_generation=2)
+    trl_opt = torch.optim.SGD([p for p in models[1].parameters() if p.requires_grad], lr=LR)
+    old = _logprobs(models[1], batch)
+    ratio = torch.exp(torch.nan_to_num((old - behaviour) * mask, nan=0.0)).clamp(max=cfg.is_cap)
+    for rows in (slice(0, 2), slice(2, 4)):
+        inputs = {k: v[rows] for k, v in batch.items()}
+        inputs.update(
+            prompt_mask=torch.ones_like(inputs["prompt_ids"]),
+            old_per_token_logps=old[rows],
+            importance_sampling_ratio=ratio[rows],
+            num_items_in_batch=mask.sum(),  # TRL's: the whole generation batch's
+        )
+        models[1].train()
+        trl_opt.zero_grad(set_to_none=True)
+        trainer._compute_loss(models[1], inputs).backward()
+        trl_opt.step()
+    models[1].eval()
+    moved = 0.0
+    for a, b, p0 in zip(
+        models[0].parameters(),
+        models[1].parameters(),
+        policy.build_tiny(seed=0, **SMALL).parameters(),
+        strict=True,
+    ):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+        moved = max(moved, float((a.detach() - p0).abs().max()))
+    assert moved > 1e-3  # the steps did move the weights
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ Fu et al. 2025): for every output token t of a sequence with advantage A,
 weight versions old); ``pi_old`` separates "how stale the sample is" (corrected by ``w``) from "how far this
 update may move the policy" (the clip). The loss is the token mean: the sum of ``loss_t`` over every output
 token of the batch divided by the number of those tokens (DAPO's token-level normalisation: a long answer
-weighs by its tokens, and the scale does not depend on how the batch is split into minibatches).
+weighs by its tokens); split into k minibatches, each one's sum is divided by a k-th of the batch's tokens,
+as TRL does, so that every optimizer step sees a loss of the same scale.
 
 Log-probabilities are of ``logits / temperature``, the distribution the engine sampled from, and the LM head
 (151,680 rows for the Qwen vocabulary) is applied only at the positions that predict output tokens, in
@@ -63,7 +64,9 @@ class GRPOConfig:
     # Optimizer steps per batch, over equal slices of its sequences; pi_old is the weights before the first.
     minibatches: int = 1
     # How the per-token losses of a minibatch add up, named as TRL names them (GRPOConfig.loss_type):
-    # "dapo": summed over the minibatch, divided by the scored tokens of the whole batch (DAPO, Loom's default);
+    # "dapo": summed over the minibatch, divided by the scored tokens of the whole batch over the number of
+    # minibatches, a minibatch's share (DAPO, Loom's default; TRL divides by num_items_in_batch over
+    # steps_per_generation);
     # "bnpo": divided by the minibatch's scored tokens; "grpo": each sequence's mean, averaged over the
     # minibatch's sequences (the GRPO paper); "dr_grpo": summed, divided by the minibatch's sequences times
     # ``max_completion_length`` (Dr. GRPO).
@@ -403,17 +406,18 @@ def _on_policy_grad(behaviour: Tensor, adv: Tensor, is_cap: float, weights: Tens
 
 
 def token_weights(
-    loss_mask: Tensor, rows: Tensor, minibatch: Tensor, n_tokens: int, cfg: GRPOConfig
+    loss_mask: Tensor, rows: Tensor, minibatch: Tensor, n_tokens: int, cfg: GRPOConfig, parts: int = 1
 ) -> Tensor:
     """The weight of each scored token of ``rows`` (row-major order) in the loss of the minibatch of sequences
     ``minibatch`` (``rows`` are those of it run through the model), as ``cfg.loss_type`` adds them up;
-    ``n_tokens``: the scored tokens of the whole batch."""
+    ``n_tokens``: the scored tokens of the whole batch, split into ``parts`` minibatches."""
     scored = loss_mask[rows, 1:]
     per_row = scored.sum(1, keepdim=True).expand_as(scored)[scored.bool()]
     ones = torch.ones_like(per_row)
     sequences = max(minibatch.numel(), 1)
     if cfg.loss_type == "dapo":
-        return ones / max(n_tokens, 1)
+        # Every minibatch's loss has the scale of the batch's token mean, however tokens fall between them.
+        return ones * parts / max(n_tokens, 1)
     if cfg.loss_type == "bnpo":
         return ones / max(float(loss_mask[minibatch, 1:].sum()), 1.0)
     if cfg.loss_type == "grpo":
@@ -462,7 +466,7 @@ def train_step(
         sel = sub.loss_mask[:, 1:].bool()
         behaviour = sub.behaviour_logprobs[:, 1:][sel]
         adv = sub.advantages[:, None].expand_as(sel)[sel]
-        weights = token_weights(batch.loss_mask, s, m, n_tokens, cfg)
+        weights = token_weights(batch.loss_mask, s, m, n_tokens, cfg, len(minibatches))
         # pi_old is this very pass when there is one minibatch: every ratio is exactly 1, inside the clip range.
         grad_of = (
             _on_policy_grad(behaviour, adv, cfg.is_cap, weights)
