@@ -2,13 +2,26 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Every install is held to the CPU build of torch this machine carries: a looser torch makes pip fetch a
+# several-GB CUDA build and its NVIDIA wheels.
+PIN := $(VENV)/torch-pin.txt
+# verl 0.9.1 (the verl extra), for loom.integrations.verl and its tests. verl caps transformers below 5.11 and
+# this venv runs 5.24; the parts of verl Loom meets (DataProto, core_algos, the agent loop, the PPO trainer's
+# advantage, reward and metric functions) import and run on 5.24 (measured), so verl comes without its pins, as
+# do tensordict and pyvers (whose packaging<26 cap would move pip's own packaging back). The rest is what those
+# parts import, resolved as usual; ray[default]'s extras, wandb and tensorboard serve a real cluster's run.
+VERL_NODEPS := verl==0.9.1 'tensordict>=0.8,<=0.10,!=0.9.0' pyvers==0.1.0
+VERL_DEPS := 'ray>=2.41' 'hydra-core>=1.3' codetiming cachetools dill peft torchdata cloudpickle orjson
 
 .PHONY: install test lint unit demo up clean
 
 $(STAMP): pyproject.toml examples/loom-guess/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,trl]'
+	echo 'torch==2.13.0' > $(PIN)
+	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl]'
+	$(PY) -m pip install -q -c $(PIN) --no-deps $(VERL_NODEPS)
+	$(PY) -m pip install -q -c $(PIN) $(VERL_DEPS)
 	# The example environments, installed as an operator installs a user's package (tests run jobs on them).
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess
 	touch $(STAMP)

@@ -12,7 +12,6 @@ appended them, never decoded and encoded again.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from loom.protocol import Trajectory, from_json
+from loom.integrations.jobs import FINAL, checked, collect, slots
+from loom.protocol import Trajectory
 from loom.tokenizer import ENDOFTEXT
 from loom.trainer.grpo import flatten
 
@@ -136,29 +136,19 @@ class LoomRollout:
 
     def run(self, spec: dict[str, Any]) -> list[Row]:
         """Submit the job, wait for it, and return its trajectories as rows in (group, sample) order."""
-        job = self._check(self.http.post("/v1/jobs", json=spec))
+        job = checked(self.http.post("/v1/jobs", json=spec))
         deadline = time.monotonic() + self.timeout_s
-        while job["state"] not in ("completed", "cancelled", "failed"):
+        while job["state"] not in FINAL:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Loom job {job['id']} did not finish in {self.timeout_s:.0f} s")
             time.sleep(0.2)
-            job = self._check(self.http.get(f"/v1/jobs/{job['id']}"))
-        trajs: dict[tuple[int, int], Trajectory] = {}
+            job = checked(self.http.get(f"/v1/jobs/{job['id']}"))
         with self.http.stream("GET", f"/v1/jobs/{job['id']}/trajectories", params={"format": "ndjson"}) as r:
             if r.status_code >= 400:
                 r.read()
-                self._check(r)
-            for line in r.iter_lines():
-                if line:
-                    t = from_json(line, Trajectory)
-                    trajs[(t.group, t.sample)] = t
-        want = [(g, s) for g in range(len(spec["tasks"])) for s in range(spec["group_size"])]
-        missing = [k for k in want if k not in trajs]
-        if missing:
-            raise RuntimeError(
-                f"Loom job {job['id']} ({job['state']}) returned no trajectory for {missing[:4]}"
-            )
-        return [rows_of(trajs[k]) for k in want]
+                checked(r)
+            trajs = collect(job, spec, r.iter_lines())
+        return [rows_of(trajs[k]) for k in slots(spec)]
 
     def sync_weights(self, trainer: Any) -> None:
         """Push the trainer's weights to the fleet when they changed since the last call."""
@@ -168,9 +158,7 @@ class LoomRollout:
         path = (self.checkpoints / f"v{step}").resolve()
         model = trainer.accelerator.unwrap_model(trainer.model)
         model.save_pretrained(path, safe_serialization=True)
-        self._check(
-            self.http.post(f"/v1/models/{self.model}/weights", json={"version": step, "path": str(path)})
-        )
+        checked(self.http.post(f"/v1/models/{self.model}/weights", json={"version": step, "path": str(path)}))
         self.version = step
 
     def close(self) -> None:
@@ -196,12 +184,3 @@ class LoomRollout:
         if isinstance(prompt, Sequence):
             return {"id": f"p{i}", "data": {"messages": list(prompt)}}
         raise TypeError(f"a prompt is a task id, a task dict, text or chat messages, not {type(prompt)}")
-
-    def _check(self, r: httpx.Response) -> Any:
-        if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except (ValueError, json.JSONDecodeError):
-                detail = r.text
-            raise RuntimeError(f"Loom answered {r.status_code}: {detail}")
-        return r.json()

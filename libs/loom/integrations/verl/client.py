@@ -1,0 +1,62 @@
+"""Loom's REST edge as verl's rollout uses it: run a job to the end and read its trajectories back; move the
+fleet to a checkpoint. Async, since verl's agent loops run on an event loop (its manager does too)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import httpx
+
+from loom.integrations.jobs import FINAL, checked, collect
+from loom.protocol import Trajectory
+
+
+def connect(url: str, token: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=60.0, headers={"Authorization": f"Bearer {token}"})
+
+
+async def run_job(
+    http: httpx.AsyncClient, spec: dict[str, Any], timeout_s: float
+) -> dict[tuple[int, int], Trajectory]:
+    """Submit the job, wait for it, and return its trajectories by (group, sample); every one must be there.
+    Cancelled (verl stopping, a timeout), it cancels the job in Loom too, so that its trajectories stop."""
+    job = checked(await http.post("/v1/jobs", json=spec))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while job["state"] not in FINAL:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Loom job {job['id']} did not finish in {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)
+            job = checked(await http.get(f"/v1/jobs/{job['id']}"))
+    except BaseException:
+        with contextlib.suppress(httpx.HTTPError):
+            await asyncio.shield(http.delete(f"/v1/jobs/{job['id']}"))
+        raise
+    url = f"/v1/jobs/{job['id']}/trajectories"
+    async with http.stream("GET", url, params={"format": "ndjson"}) as r:
+        if r.status_code >= 400:
+            await r.aread()
+            checked(r)
+        return collect(job, spec, [line async for line in r.aiter_lines()])
+
+
+async def fleet_version(http: httpx.AsyncClient, model: str) -> int:
+    """The version the fleet of ``model`` serves (0: its start)."""
+    r = await http.get(f"/v1/models/{model}/weights")
+    if r.status_code == 404:
+        return 0
+    version = str(checked(r)["version"])
+    return int(version) if version.isdigit() else 0
+
+
+async def move_fleet(http: httpx.AsyncClient, model: str, version: int, path: str) -> int:
+    """Move every worker of ``model`` to the checkpoint at ``path``, all or nothing; the version it serves
+    after (another trainer's process may have moved it as far or further: Loom moves a fleet forward only)."""
+    r = await http.post(f"/v1/models/{model}/weights", json={"version": version, "path": path})
+    if r.status_code == 409:
+        return await fleet_version(http, model)
+    checked(r)
+    return version

@@ -1,0 +1,233 @@
+"""verl 0.9.1's PPO trainer (its own functions, on the CPU) with Loom as its rollout, against `loom up`: the
+multi-turn coin game on the simulated engines.
+
+``LoomAgentLoopManager`` is loaded as verl's trainer loads ``rollout.agent.agent_loop_manager_class`` and fed
+batches as its ``fit`` makes them (its dataset's collate function, a uid per prompt, ``_get_gen_batch``,
+``rollout.n`` repeats); what comes back goes through what ``fit`` does next: union with the kept batch, the
+reward, the GRPO advantage, the data and timing metrics, the actor's policy loss. ``LoomAgentLoop`` runs inside
+verl's own ``AgentLoopWorker``. The simulated engines answer with placeholder ids and log-probabilities, so what
+is checked is the contract, and the weight hand-off from a checkpoint saved in verl's layout; the reward is a
+user function that differs within a group (``verl_rewards``), so that the advantages and the loss are not 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from loom import policy
+from loom.allowlist import CODE_ALLOW_ENV
+from loom.envs import coin, transcript
+from loom.trainer import grpo
+from tests.e2e.conftest import LoomUp, start_loom_up
+from tests.verl.conftest import PROMPT_LENGTH, QUIET, RESPONSE_LENGTH, SMALL
+
+pytestmark = [*QUIET, pytest.mark.slow, pytest.mark.timeout(600)]
+TASKS = list(coin.coin_tasks("train"))[:2]
+
+
+REWARD = "tests.verl.verl_rewards:sample_number"
+
+
+@pytest.fixture(scope="module")
+def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
+    with pytest.MonkeyPatch.context() as mp:
+        allowed = os.environ.get(CODE_ALLOW_ENV, "")
+        mp.setenv(CODE_ALLOW_ENV, ",".join(filter(None, [allowed, REWARD.split(":")[0]])))
+        yield from start_loom_up(tmp_path_factory.mktemp("loom"))
+
+
+def _loom(up: LoomUp, checkpoints: Path, *more: str) -> list[str]:
+    """The ``loom`` section on verl's command line (the token comes from LOOM_API_TOKEN)."""
+    return [
+        f"+loom.url={up.api}",
+        "+loom.env=coin",
+        "+loom.dataset=coin",
+        "+loom.model=qwen3-8b",
+        "+loom.max_turns=4",
+        "+loom.max_tokens=32",
+        "+loom.max_turn_tokens=8",
+        f"+loom.job.reward='{REWARD}'",
+        f"trainer.default_local_dir={checkpoints}",
+        *more,
+    ]
+
+
+def _save_checkpoint(checkpoints: Path, step: int) -> None:
+    """What verl's checkpoint manager writes with ``hf_model`` in ``save_contents``: a whole HF model."""
+    policy.save(
+        policy.build_tiny(seed=step, **SMALL), checkpoints / f"global_step_{step}" / "actor" / "huggingface"
+    )
+
+
+def _gen_batch(step: int, n: int) -> tuple[Any, Any]:
+    """A training batch as verl's ``fit`` makes one: dataset rows through its collate function, a uid per
+    prompt, the generation batch split off (``_get_gen_batch``), each prompt repeated ``n`` times."""
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    tasks = coin.coin_tasks("train")
+    rows = [
+        {
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+            "raw_prompt": np.array([{"role": "user", "content": coin.prompt(tasks[t])}], dtype=object),
+            "loom_task": t,
+            "data_source": "coin",
+            "reward_model": {"style": "rule", "ground_truth": str(tasks[t].coin)},
+            "extra_info": {"index": i},
+            "index": i,
+        }
+        for i, t in enumerate(TASKS)
+    ]
+    batch = DataProto.from_single_dict(collate_fn(rows))
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
+    gen = RayPPOTrainer._get_gen_batch(None, batch)  # type: ignore[arg-type]  # uses no trainer state
+    gen.meta_info["global_steps"] = step
+    return batch, gen.repeat(repeat_times=n, interleave=True)
+
+
+def _check_rows(out: Any, n: int) -> None:
+    """The rollout contract, row by row: each prompt n times in a row, laid out as verl lays out its own."""
+    b = out.batch
+    rows = len(TASKS) * n
+    for key, width in [("prompts", PROMPT_LENGTH), ("responses", RESPONSE_LENGTH), ("input_ids", None)]:
+        assert b[key].shape == (rows, width or PROMPT_LENGTH + RESPONSE_LENGTH), key
+    for key in ("response_mask", "rollout_log_probs", "rm_scores"):
+        assert b[key].shape == (rows, RESPONSE_LENGTH), key
+    tasks = coin.coin_tasks("train")
+    for i in range(rows):
+        attention = b["attention_mask"][i]
+        prompt = b["prompts"][i][attention[:PROMPT_LENGTH].bool()].tolist()
+        assert prompt == transcript.encode(coin.prompt(tasks[TASKS[i // n]]))
+        response = attention[PROMPT_LENGTH:]
+        m = int(response.sum())
+        assert response[:m].all() and not response[m:].any()
+        assert b["response_mask"][i][0] == 1 and not b["response_mask"][i][m:].any()
+        assert b["rm_scores"][i][m - 1] == b["rm_scores"][i].sum()
+        assert b["position_ids"][i][attention.bool()].tolist() == list(range(int(attention.sum())))
+    # The placeholder replies are not valid calls: the game answers, and its answer is masked out.
+    assert any(
+        0 in b["response_mask"][i][: int(b["attention_mask"][i, PROMPT_LENGTH:].sum())] for i in range(rows)
+    )
+    assert set(out.non_tensor_batch["loom_status"]) == {"completed"}
+    assert len(set(out.non_tensor_batch["loom_traj_id"])) == rows
+
+
+def test_verl_trains_on_loom_rollouts_through_the_agent_loop_manager(
+    loom_up: LoomUp, verl_config: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.trainer.ppo.reward import extract_reward
+    from verl.utils.import_utils import load_class_from_fqn
+    from verl.workers.config import ActorConfig
+
+    monkeypatch.setenv("LOOM_API_TOKEN", (loom_up.home / "api_token").read_text().strip())
+    manager_fqn = "loom.integrations.verl.LoomAgentLoopManager"
+    cfg = verl_config(
+        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager_fqn}",
+        "trainer.use_v1=false",
+        *_loom(loom_up, tmp_path / "ckpt"),
+    )
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    manager_cls = load_class_from_fqn(
+        cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager"
+    )
+    manager = manager_cls.create(
+        config=cfg, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
+    )
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+
+    for step in (1, 2):
+        if step == 2:
+            _save_checkpoint(tmp_path / "ckpt", 1)  # verl saved after step 1's update
+        batch, gen = _gen_batch(step, n)
+        out = manager.generate_sequences(gen)
+        timing = out.meta_info.pop("timing")
+        assert set(timing) == {"loom/update_weights", "loom/job"}
+        _check_rows(out, n)
+        # One Loom job: a group per distinct prompt, rollout.n samples each.
+        job_id = api.get("/v1/jobs").json()["jobs"][-1]["id"]
+        job = api.get(f"/v1/jobs/{job_id}", params={"tasks": True}).json()
+        assert job["spec"]["group_size"] == n and [t["id"] for t in job["spec"]["tasks"]] == TASKS
+        assert set(out.non_tensor_batch["max_global_steps"]) == {step - 1}
+
+        # What verl's fit does with it.
+        batch = batch.repeat(repeat_times=n, interleave=True).union(out)
+        assert all(m == {} for m in batch.non_tensor_batch["multi_modal_inputs"])
+        scores, extra = extract_reward(batch)
+        assert extra == {}
+        batch.batch["token_level_scores"] = batch.batch["token_level_rewards"] = scores
+        batch = compute_advantage(
+            batch,
+            cfg.algorithm.adv_estimator,
+            num_repeat=n,
+            norm_adv_by_std_in_grpo=True,
+            config=cfg.algorithm,
+        )
+        adv = batch.batch["advantages"]
+        rewards = scores.sum(1)
+        assert rewards.tolist() == [float(s) for _ in TASKS for s in range(n)]  # Loom's reward, row for row
+        # verl's GRPO advantage is Loom's, on every model token; none on the environment's.
+        loom_adv = grpo.group_advantages(rewards, list(batch.non_tensor_batch["uid"]))
+        torch.testing.assert_close(
+            adv, loom_adv[:, None] * batch.batch["response_mask"], rtol=1e-5, atol=1e-6
+        )
+        metrics = compute_data_metrics(batch, use_critic=False)
+        assert metrics["response_length/max"] <= RESPONSE_LENGTH and metrics["num_turns/min"] >= 2
+        assert "timing_s/loom/job" in compute_timing_metrics(batch, {"gen": 1.0, **timing})
+
+        # The actor's vanilla PPO loss, the sampler's log-probabilities as the old ones (as verl's bypass mode).
+        old = batch.batch["rollout_log_probs"]
+        log_prob = (
+            old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(step))
+        ).requires_grad_()
+        actor = ActorConfig(
+            strategy="fsdp", rollout_n=n, ppo_micro_batch_size_per_gpu=n, use_torch_compile=False
+        )
+        loss, _ = get_policy_loss_fn("vanilla")(
+            old, log_prob, adv, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode, actor
+        )
+        loss.backward()
+        model_tokens = batch.batch["response_mask"].bool()
+        assert torch.isfinite(loss) and log_prob.grad[model_tokens].abs().sum() > 0
+        assert not log_prob.grad[~model_tokens].any()
+
+    # The fleet serves verl's checkpoint.
+    assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "1"
+
+
+def test_loom_agent_loop_runs_inside_verls_own_agent_loop_worker(
+    loom_up: LoomUp, verl_config: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    monkeypatch.setenv("LOOM_API_TOKEN", (loom_up.home / "api_token").read_text().strip())
+    registry = tmp_path / "agent_loops.yaml"
+    registry.write_text("- name: loom\n  _target_: loom.integrations.verl.LoomAgentLoop\n  max_turns: 3\n")
+    cfg = verl_config(
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={registry}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=loom",
+        "actor_rollout_ref.rollout.n=2",
+        *_loom(loom_up, tmp_path / "ckpt"),
+    )
+    _save_checkpoint(tmp_path / "ckpt", 7)
+    worker = AgentLoopWorker(cfg, llm_client=None)
+    _, gen = _gen_batch(8, 2)
+    out = asyncio.run(worker.generate_sequences(gen))
+    _check_rows(out, 2)
+    # Each sample was its own Loom job of one trajectory; one of them moved the fleet, the rest found it moved.
+    assert set(out.non_tensor_batch["max_global_steps"]) == {7}
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "7"
+    assert all(j["spec"]["max_turns"] == 3 for j in api.get("/v1/jobs").json()["jobs"][-4:])
