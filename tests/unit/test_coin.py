@@ -48,6 +48,12 @@ def test_task_sets_are_deterministic_sized_and_disjoint() -> None:
     p_train = {coin.prompt(t) for t in train.values()}
     p_held = {coin.prompt(t) for t in held.values()}
     assert not p_train & p_held
+    # No held-out game (box count and clue) is trained on under any opening sentence.
+    game = lambda t: (t.boxes, t.kind, t.phrasing)  # noqa: E731
+    assert not {game(t) for t in train.values()} & {game(t) for t in held.values()}
+    # A held-out prefix repeats no prompt while it can: `loom train` scores 200 or 300 games.
+    assert len({coin.prompt(t) for t in list(held.values())[:240]}) == 240
+    assert len({t.opening for t in held.values()}) == len(coin.OPENINGS)
     # Every clue kind is in both sets, and the held-out set has several distinct prompts of each.
     for kind in coin.KINDS:
         assert any(t.kind == kind for t in train.values())

@@ -7,14 +7,17 @@ N boxes (4 to 9), a coin in one of them, and a true clue about where it is. The 
 finds it, since every clue leaves 2 to ``tries`` boxes. Every box number is a single token.
 
 The clue names a property of the coin's box number (even, odd, prime, square, a multiple of three) in one of
-five phrasings (``The coin is in an even-numbered box.``, ``Look in the boxes with prime numbers.``, ...). The
+five phrasings (``The coin is in an even-numbered box.``, ``Look in the boxes with prime numbers.``, ...), and the
+prompt opens with one of twelve sentences (``Find the coin.``, ``A coin is hidden in one of the boxes.``, ...):
+1,380 distinct prompts, so that a held-out set can have hundreds of them. The
 game ends with reward 1 when a box holds the coin, and with reward 0 when the tries run out or a call is not a
 valid ``open`` of an existing box (the observation says what was wrong). Opening a box again is legal, costs a
 try, and reads as the first time did.
 
-Task sets are generated deterministically: ``coin`` (training) and ``coin-eval`` (held out). The held-out
-prompts (box count, clue kind and phrasing) are a fixed share of each clue kind's distinct prompts, none of
-which appears in training.
+Task sets are generated deterministically: ``coin`` (training) and ``coin-eval`` (held out). A fixed share of
+each clue kind's games (box count and clue phrasing) is held out with all twelve openings: no held-out game
+is seen in training under any opening. The held-out games take the clue kinds in turn and each kind's prompts
+in a seeded order, so the first ones all show different prompts (the first 240 do).
 """
 
 from __future__ import annotations
@@ -30,7 +33,23 @@ from loom.envs.actions import ParseError, ToolCall, json_call, parse
 from loom.envs.base import Observation
 
 TOOLS = ("open",)
-SYSTEM = "Find the coin. Reply Open[N] to open box N.\n"
+INSTRUCTION = "Reply Open[N] to open box N."
+# The prompt's first sentence: it says nothing the game needs, so it varies the prompts (and the positions of
+# everything after it) without changing what a player must read.
+OPENINGS = (
+    "Find the coin.",
+    "A coin is hidden in one of the boxes.",
+    "Somewhere in these boxes is a coin.",
+    "There is a coin in one box.",
+    "Your task: find the hidden coin.",
+    "One of the boxes holds a coin.",
+    "Look for the coin.",
+    "Which box has the coin?",
+    "A single coin lies in one box.",
+    "Find the box with the coin in it.",
+    "The coin is in one of these boxes.",
+    "Search the boxes for the coin.",
+)
 BOXES = range(4, 10)
 # Each clue names a property of the coin's box number, in one of several phrasings. Clues that list box numbers
 # ("in box 2, 5 or 7", "not in box 1 or 4") were tried and left out: trained for 300-400 steps on demonstrations
@@ -81,9 +100,10 @@ PHRASINGS: dict[str, tuple[str, ...]] = {
     ),
 }
 KINDS = tuple(PROPERTIES)
-# Tasks per split, and the share of each clue kind's distinct prompts held out for evaluation.
-SIZES = {"train": 4000, "eval": 300}
-EVAL_SHARE = 0.15
+# Tasks per split, and the share of each clue kind's games held out for evaluation (a quarter: the rarest kind,
+# odd, then has 48 held-out prompts, so 200 games taking the kinds in turn all show different prompts).
+SIZES = {"train": 4000, "eval": 400}
+EVAL_SHARE = 0.25
 _SEEDS = {"split": 20_251, "train": 1, "eval": 2}
 _BOX_ARG = re.compile(r"\s*(?:box\s*)?(\d{1,3})\s*\.?\s*", re.I)
 
@@ -98,6 +118,8 @@ class CoinTask(Struct, frozen=True):
     kind: str
     phrasing: int
     coin: int
+    # Which of ``OPENINGS`` the prompt starts with.
+    opening: int = 0
 
     @property
     def clue(self) -> str:
@@ -128,19 +150,22 @@ def kinds_for(boxes: int) -> list[str]:
     return [k for k in KINDS if 2 <= len(allowed(boxes, k)) <= tries_for(boxes)]
 
 
-Prompt = tuple[int, str, int]  # (boxes, kind, phrasing): what the prompt shows
+Prompt = tuple[int, str, int, int]  # (boxes, kind, phrasing, opening): what the prompt shows
 
 
 def _prompts_by_split() -> dict[str, dict[str, list[Prompt]]]:
-    """Each clue kind's distinct prompts by split: shuffled (seeded), the first ``EVAL_SHARE`` (at least one)
-    are held out."""
+    """Each clue kind's distinct prompts by split: its games (box count and phrasing) shuffled (seeded), the
+    first ``EVAL_SHARE`` (at least one) held out, each under every opening; each list shuffled (seeded)."""
     rng = random.Random(_SEEDS["split"])
     split: dict[str, dict[str, list[Prompt]]] = {"train": {}, "eval": {}}
     for kind in KINDS:
-        mine = [(n, kind, i) for n in BOXES if kind in kinds_for(n) for i in range(len(PHRASINGS[kind]))]
-        rng.shuffle(mine)
-        cut = max(1, round(EVAL_SHARE * len(mine)))
-        split["eval"][kind], split["train"][kind] = mine[:cut], mine[cut:]
+        games = [(n, kind, i) for n in BOXES if kind in kinds_for(n) for i in range(len(PHRASINGS[kind]))]
+        rng.shuffle(games)
+        cut = max(1, round(EVAL_SHARE * len(games)))
+        for name, part in (("eval", games[:cut]), ("train", games[cut:])):
+            mine = [(*g, o) for g in part for o in range(len(OPENINGS))]
+            rng.shuffle(mine)
+            split[name][kind] = mine
     return split
 
 
@@ -148,8 +173,10 @@ def _prompts_by_split() -> dict[str, dict[str, list[Prompt]]]:
 def coin_tasks(split: str = "train") -> dict[str, CoinTask]:
     """The generated games of ``split`` (``train``: data set ``coin``; ``eval``: ``coin-eval``), by id, in order.
 
-    A game draws a clue kind uniformly, one of that kind's prompts of the split, and the coin uniformly among
-    the boxes the clue allows; everything is seeded, so the sets are the same on every machine."""
+    A training game draws a clue kind uniformly and one of that kind's prompts; held-out game ``i`` takes kind
+    ``i mod 5`` and that kind's prompts in turn (each kind's list, already shuffled, cycled), so a prefix of the
+    held-out set repeats no prompt while it can. The coin lies uniformly among the boxes the clue allows;
+    everything is seeded, so the sets are the same on every machine."""
     if split not in SIZES:
         raise KeyError(f"unknown coin split {split!r}; known: {sorted(SIZES)}")
     prompts = _prompts_by_split()[split]
@@ -157,15 +184,20 @@ def coin_tasks(split: str = "train") -> dict[str, CoinTask]:
     name = "coin" if split == "train" else "coin-eval"
     out: dict[str, CoinTask] = {}
     for i in range(SIZES[split]):
-        n, kind, phrasing = rng.choice(prompts[rng.choice(KINDS)])
-        t = CoinTask(f"{name}/{i}", n, tries_for(n), kind, phrasing, rng.choice(allowed(n, kind)))
+        if split == "train":
+            n, kind, phrasing, opening = rng.choice(prompts[rng.choice(KINDS)])
+        else:
+            mine = prompts[KINDS[i % len(KINDS)]]
+            n, kind, phrasing, opening = mine[(i // len(KINDS)) % len(mine)]
+        coin = rng.choice(allowed(n, kind))
+        t = CoinTask(f"{name}/{i}", n, tries_for(n), kind, phrasing, coin, opening)
         out[t.id] = t
     return out
 
 
 def prompt(task: CoinTask) -> str:
     """The prompt ``CoinEnv.reset()`` returns."""
-    return f"{SYSTEM}{task.question}\n"
+    return f"{OPENINGS[task.opening]} {INSTRUCTION}\n{task.question}\n"
 
 
 def open_action(box: int, form: str = "react") -> str:
