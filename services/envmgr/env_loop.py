@@ -1,5 +1,6 @@
-"""The per-trajectory loop for live environments (code, math, search): generate, parse, run the tool,
-predict while it runs, repeat until the environment says done or a turn or token budget runs out.
+"""The per-trajectory loop for live environments (code, math, search, coin, and libraries' environments such
+as reasoning-gym's: loom.envs.registry): generate, parse, run the tool, predict while it runs, repeat until
+the environment says done or a turn or token budget runs out.
 
 Environment failures (a sandbox that will not start, an engine error) are retried with exponential
 backoff and jitter; when retries run out the trajectory ends with the reason, and only that trajectory.
@@ -52,7 +53,7 @@ async def with_retries(what: str, fn: Callable[[], Awaitable[T]], attempts: int 
 
 async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
     key = f"{work.job_id}.{work.traj_id}"
-    sandboxed = work.env in registry.SANDBOXED
+    sandboxed = registry.needs_sandbox(work.env)
     if sandboxed and pool is None:
         raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
     started = ctx.clock.now()

@@ -211,15 +211,16 @@ class EnvManager:
                     raise GroupGone(f"group {w.group} was restarted")
                 # The version that initiates generation (RollArt's definition); the bound is measured from it.
                 r.start_version = await self._stream_version(w.job_id)
-            if w.env == "replay":
+            loop = registry.resolve(w.env).kind.loop
+            if loop == "replay":
                 return await run_replay(w, self.ctx)
-            if w.env == "external":
+            if loop == "external":
                 return await run_external(w, self.ctx)
-            if ":" in w.env:
+            if loop == "user":
                 cls = await asyncio.to_thread(env_class, w.env)  # a first import runs the module's top level
                 pool = await self.sandboxes.get() if needs_sandbox(cls) else None
                 return await run_user_env(w, self.ctx, cls, pool)
-            pool = await self.sandboxes.get() if w.env in registry.SANDBOXED else None
+            pool = await self.sandboxes.get() if registry.needs_sandbox(w.env) else None
             return await run_env(w, self.ctx, pool)
 
     async def _run_one(self, key: str, r: Running) -> None:

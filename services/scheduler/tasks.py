@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from loom import allowlist
 from loom.envs import registry, tasksets
+from loom.envs.adapters import BadParams, LibraryMissing, UnknownName
 from loom.envs.replay import SIBLINGS
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
 from loom.protocol.messages import BUILTIN_REWARDS
@@ -42,11 +43,17 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
                 if not isinstance(value, str):
                     raise SpecError(["tasks", n, "data", key], "a path must be a string")
                 _allowed(["tasks", n, "data", key], allowlist.check_data_file, value)
-    if spec.env == "external" or ":" in spec.env:
+    try:
+        kind, _ = registry.resolve(spec.env)
+    except ValueError as e:
+        raise SpecError(["env"], str(e)) from e
+    if kind.loop in ("user", "external"):
         return _record_tasks(spec)
     if spec.dataset is not None and spec.dataset.name == "jsonl":
         raise SpecError(["dataset", "name"], f"a jsonl task set feeds user environments, not {spec.env!r}")
-    if spec.env != "replay":
+    if isinstance(kind, registry.Library):
+        return _library_tasks(spec)
+    if kind.loop != "replay":
         return _env_tasks(spec)
     path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces
     try:
@@ -73,7 +80,7 @@ def _record_tasks(spec: JobSpec) -> list[TaskSpec]:
     task set's (each with its statement as ``prompt`` and the set it came from, so that the set's reward finds
     its ground truth), each task's data handed to the environment (or the agent) as it is. The environment's
     code is never imported here: its path is checked against the operator's allowlist as text."""
-    if ":" in spec.env:
+    if spec.env != "external":
         _allowed(["env"], allowlist.check_code, spec.env)
     if spec.scripted:
         raise SpecError(
@@ -82,6 +89,8 @@ def _record_tasks(spec: JobSpec) -> list[TaskSpec]:
     ds = spec.dataset
     if ds is None:
         return list(spec.tasks)
+    if ds.name is None:
+        raise SpecError(["dataset", "name"], "name a task set, or jsonl with its path")
     if ds.name != "jsonl":
         try:
             env = registry.env_of_set(ds.name)
@@ -107,12 +116,47 @@ def _allowed(loc: list[str | int], check: Callable[[str], object], value: str) -
         raise SpecError(loc, str(e)) from e
 
 
+def _library_tasks(spec: JobSpec) -> list[TaskSpec]:
+    """Tasks of a library's environment, generated under the job's ``env_params``: a window of them
+    (``dataset`` naming no set or file), or listed by id. The library is imported here (not the user's code):
+    a job it cannot serve is refused now, not failed later."""
+    ds = spec.dataset
+    if ds is not None and (ds.name is not None or ds.path):
+        field = "name" if ds.name is not None else "path"
+        raise SpecError(["dataset", field], f"{spec.env} generates its tasks: name no task set or file")
+    loc: list[str | int] = ["dataset"] if ds is not None else ["tasks", 0, "id"]
+    try:
+        if ds is not None:
+            ids = _window(
+                ds, registry.task_ids(spec.env, None, None, spec.env_params), f"tasks of {spec.env}"
+            )
+        else:
+            ids = [t.id for t in spec.tasks]
+        specs = registry.task_specs(spec.env, None, None, ids, spec.env_params)
+    except SpecError:
+        raise
+    except (LibraryMissing, UnknownName) as e:
+        raise SpecError(["env"], str(e)) from e
+    except BadParams as e:
+        raise SpecError(["env_params"], str(e)) from e
+    except (ValueError, KeyError) as e:
+        raise SpecError(loc, str(e).strip("'\"")) from e
+    if spec.scripted:
+        try:
+            for t in specs:
+                registry.reference_actions(spec.env, t)
+        except ValueError as e:
+            raise SpecError(["scripted"], f"{spec.env}: {e}") from e
+    return specs
+
+
 def _env_tasks(spec: JobSpec) -> list[TaskSpec]:
     """Tasks of the code, math and search environments, from a task set (by name or per task)."""
     ds = spec.dataset
     name: str
     if ds is not None:
-        name, path = ds.name, ds.path
+        # A dataset that names no set is the environment's default set.
+        name, path = ds.name or registry.DATASETS[spec.env][0], ds.path
         loc: list[str | int] = ["dataset", "name"]
     else:
         first = spec.tasks[0].data.get("set", registry.DATASETS[spec.env][0])

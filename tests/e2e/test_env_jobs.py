@@ -10,10 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from loom import chat
-from loom.envs import actions, hotpotqa
+from loom.envs import actions, hotpotqa, transcript
+from loom.tokenizer import qwen_tokenizer
 from tests.e2e.conftest import LoomUp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -180,3 +182,57 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
     # The environments' module was imported by the environment manager alone, never by the scheduler.
     importers = IMPORTS.read_text().splitlines()
     assert importers and all("services/envmgr" in line for line in importers), importers
+
+
+def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: Path) -> None:
+    """`reasoning_gym:<dataset>` (loom.envs.adapters.reasoning_gym): the tasks come from the library's
+    generator, scripted replies give the item's own answer, and the dataset's score_answer is the reward."""
+    reasoning_gym = pytest.importorskip("reasoning_gym")
+    from loom.envs.adapters import reasoning_gym as rg
+
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    r = api.post("/v1/jobs", json={"env": "reasoning_gym:chain_summ", "dataset": {"limit": 4}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
+    assert "did you mean chain_sum" in r.text
+    datasets = ("basic_arithmetic", "chain_sum")
+    jobs = {
+        d: _submit(
+            loom_up,
+            tmp_path,
+            {"env": f"reasoning_gym:{d}", "dataset": {"limit": 4}, "group_size": 2, "scripted": True},
+        )
+        for d in datasets
+    }
+    # Replies the (simulated) engine makes up: the ids and log-probs it produced, whatever the reward.
+    free = _submit(
+        loom_up,
+        tmp_path,
+        {
+            "env": "reasoning_gym:chain_sum",
+            "dataset": {"limit": 2},
+            "group_size": 2,
+            "max_turns": 1,
+            "max_turn_tokens": 8,
+            "sampling": {"logprobs": True},
+        },
+    )
+    tok = qwen_tokenizer()
+    for d, job_id in jobs.items():
+        items = reasoning_gym.create_dataset(d, seed=rg.SEED)
+        job = loom_up.wait_job(job_id, timeout=300)
+        assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
+        trajs = _results(loom_up, tmp_path, job_id)
+        assert len(trajs) == 8 and {t["task_id"] for t in trajs} == {"0", "1", "2", "3"}
+        for t in trajs:
+            assert t["status"] == "completed" and t["finish_reason"] == "done", t
+            assert t["env"] == f"reasoning_gym:{d}" and t["reward"] > 0, t["info"]
+            (step,) = t["steps"]
+            # The prompt's ids as the built-in environments encode theirs; the reply's ids as scripted.
+            assert step["prompt_ids"] == transcript.encode(rg.prompt(items[int(t["task_id"])]))
+            assert step["output_ids"] == tok.encode(step["action"], disallowed_special=())
+            assert t["info"]["verdict"]["answer"] in step["action"]
+    job = loom_up.wait_job(free, timeout=300)
+    assert job["completed"] == 4 and job["failed"] == 0, job
+    for t in _results(loom_up, tmp_path, free):
+        (step,) = t["steps"]
+        assert step["prompt_ids"] and len(step["output_ids"]) == len(step["output_logprobs"]) == 8, t

@@ -1,25 +1,150 @@
-"""Which environments exist, which task sets feed them, and how a trajectory's environment is made."""
+"""Which environments exist, which task sets feed them, and how a trajectory's environment is made.
+
+An environment name resolves through one table, ``KINDS`` (``resolve``):
+
+- a built-in name (``code``, ``math``, ``search``, ``coin``): an environment of this package, run on its task
+  sets; ``replay`` and ``external``: recorded traces, and an agent outside Loom;
+- a library's prefix (``reasoning_gym:<dataset>``): an adapter module (``loom.envs.adapters``) serves the
+  library's environments; the library is an optional dependency, imported when a job first names it;
+- anything else of the form ``module:Class``: a user's environment by import path (``loom.envs.api``).
+
+A library's prefix is reserved: ``reasoning_gym:X`` is never read as an import path. Adding a library is one
+entry in ``KINDS`` and one adapter module.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, cast
 
 from loom.envs import code_env, coin, hotpotqa, math_env, search_env, tasksets
+from loom.envs.adapters import Adapter
 from loom.envs.base import Env
 from loom.protocol import TaskSpec
 from loom.sandbox import Sandbox
 from loom.tokenizer import count_tokens
 
-# Environment -> the task sets it runs (the first is its default).
-DATASETS: dict[str, tuple[str, ...]] = {
-    "code": ("humaneval", "mbpp"),
-    "math": ("gsm8k", "gsm8k-train", "arith", "arith-eval"),
-    "search": ("hotpotqa",),
-    "coin": ("coin", "coin-eval"),
+# Which per-trajectory loop of the environment manager runs a kind: the built-in environments' (``env``,
+# services.envmgr.env_loop), a user environment's (``user``), trace replay, or an external agent's.
+Loop = Literal["env", "user", "replay", "external"]
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """An environment of this package: the task sets it runs (the first is its default), how one is made for a
+    task, and a task's scripted actions (from its data alone: no environment is built)."""
+
+    sets: tuple[str, ...]
+    build: Callable[[Any, TaskSpec, Sandbox | None, float], Env]
+    script: Callable[[Any], list[str]]
+    sandboxed: bool = False
+    loop: Loop = "env"
+
+
+@dataclass(frozen=True)
+class Special:
+    """A name that runs no environment of Loom's: ``replay`` (recorded traces) or ``external`` (an agent)."""
+
+    loop: Loop
+
+
+@dataclass(frozen=True)
+class ImportPath:
+    """A user's environment class by import path, ``module:Class`` (``loom.envs.api``)."""
+
+    loop: Loop = "user"
+
+
+@dataclass(frozen=True)
+class Library:
+    """A library's environments, ``<prefix>:<name>``, served by the adapter module ``adapter``."""
+
+    adapter: str
+    loop: Loop = "env"
+
+    def load(self) -> Adapter:
+        return cast(Adapter, importlib.import_module(self.adapter))
+
+
+Kind = Builtin | Special | ImportPath | Library
+
+
+def _sandbox(env: str, sandbox: Sandbox | None) -> Sandbox:
+    if sandbox is None:
+        raise ValueError(f"environment {env!r} needs a sandbox")
+    return sandbox
+
+
+# Keys: a built-in name, a library's prefix (ending in ":"), and "module:Class" for every other import path.
+KINDS: dict[str, Kind] = {
+    "code": Builtin(
+        ("humaneval", "mbpp"),
+        lambda task, spec, sb, t: code_env.CodeEnv(task, _sandbox("code", sb), t),
+        code_env.reference_actions,
+        sandboxed=True,
+    ),
+    "math": Builtin(
+        ("gsm8k", "gsm8k-train", "arith", "arith-eval"),
+        lambda task, spec, sb, t: math_env.MathEnv(task, _sandbox("math", sb), t),
+        math_env.reference_actions,
+        sandboxed=True,
+    ),
+    "search": Builtin(
+        ("hotpotqa",),
+        lambda task, spec, sb, t: search_env.SearchEnv(task, search_env.index(spec.data.get("path"))),
+        search_env.reference_actions,
+    ),
+    "coin": Builtin(
+        ("coin", "coin-eval"), lambda task, spec, sb, t: coin.CoinEnv(task), coin.reference_actions
+    ),
+    "replay": Special("replay"),
+    "external": Special("external"),
+    "reasoning_gym:": Library("loom.envs.adapters.reasoning_gym"),
+    "module:Class": ImportPath(),
 }
-SANDBOXED = frozenset({"code", "math"})
+IMPORT_PATH = "module:Class"
+
+# Environment -> the task sets it runs (the first is its default), and the environments that need a sandbox.
+DATASETS: dict[str, tuple[str, ...]] = {n: k.sets for n, k in KINDS.items() if isinstance(k, Builtin)}
+SANDBOXED = frozenset(n for n, k in KINDS.items() if isinstance(k, Builtin) and k.sandboxed)
+
+
+class Resolved(NamedTuple):
+    kind: Kind
+    # What follows a library's prefix (the library's name of the environment), the import path, or "".
+    arg: str
+
+
+def resolve(env: str) -> Resolved:
+    """The kind of environment ``env`` names; ValueError for a name that is none."""
+    prefix, colon, rest = env.partition(":")
+    if not colon:
+        kind = KINDS.get(env)
+        if kind is None or isinstance(kind, (Library, ImportPath)):
+            known = sorted(n for n, k in KINDS.items() if isinstance(k, (Builtin, Special)))
+            raise ValueError(f"unknown environment {env!r}: one of {known}, <library>:<name> or module:Class")
+        return Resolved(kind, "")
+    library = KINDS.get(f"{prefix}:")
+    if library is not None:
+        if not rest:
+            raise ValueError(f"environment {env!r} names no environment of the library")
+        return Resolved(library, rest)
+    return Resolved(KINDS[IMPORT_PATH], env)
+
+
+def library(env: str) -> tuple[Adapter, str] | None:
+    """The adapter and the library's environment name for a library kind (None for any other kind); the
+    adapter's module is imported here, the library itself not yet."""
+    kind, arg = resolve(env)
+    return (kind.load(), arg) if isinstance(kind, Library) else None
+
+
+def needs_sandbox(env: str) -> bool:
+    """Whether the built-in loop's environment ``env`` needs a sandbox (a user environment says so itself)."""
+    return env in SANDBOXED
 
 
 @functools.cache
@@ -69,13 +194,40 @@ def _tasks(env: str, name: str, path: str | None) -> Mapping[str, Any]:
     return _load(name, path)
 
 
-def task_ids(env: str, name: str, path: str | None) -> list[str]:
-    """The ids of a task set, in file order; ValueError if the environment does not run that set."""
+def task_ids(
+    env: str, name: str | None, path: str | None, params: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The ids of a task set, in order; ValueError if the environment does not run that set. A library
+    environment generates its own tasks under ``params`` (the job's ``env_params``): it takes no set name or
+    path, and raises the adapters' LibraryMissing, UnknownName or BadParams when it cannot run the job."""
+    lib = library(env) if ":" in env else None
+    if lib is not None:
+        if name is not None or path is not None:
+            raise ValueError(f"environment {env!r} generates its tasks: name no task set or file")
+        adapter, arg = lib
+        return adapter.task_ids(arg, adapter.params(arg, params or {}))
+    if name is None:
+        raise ValueError(f"environment {env!r} needs a task set")
     return list(_tasks(env, name, path))
 
 
-def task_specs(env: str, name: str, path: str | None, ids: list[str]) -> list[TaskSpec]:
-    """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction."""
+def task_specs(
+    env: str, name: str | None, path: str | None, ids: list[str], params: Mapping[str, Any] | None = None
+) -> list[TaskSpec]:
+    """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction (a
+    library environment's task carries the parameters it is generated under, defaults filled in)."""
+    lib = library(env) if ":" in env else None
+    if lib is not None:
+        adapter, arg = lib
+        used = adapter.params(arg, params or {})
+        out = []
+        for i in ids:
+            text = adapter.statement(adapter.task(arg, used, i))
+            data = {"set": env, "params": used, "prompt": text, "prompt_tokens": count_tokens(text)}
+            out.append(TaskSpec(id=i, data=data))
+        return out
+    if name is None:
+        raise ValueError(f"environment {env!r} needs a task set")
     tasks = _tasks(env, name, path)
     missing = [i for i in ids if i not in tasks]
     if missing:
@@ -93,35 +245,30 @@ def task_specs(env: str, name: str, path: str | None, ids: list[str]) -> list[Ta
 
 
 def task_of(spec: TaskSpec) -> Any:
-    return _load(str(spec.data["set"]), spec.data.get("path"))[spec.id]
-
-
-# A task's scripted actions come from its data alone: no environment is built (no search index, no sandbox).
-_SCRIPTS: dict[str, Callable[[Any], list[str]]] = {
-    "code": code_env.reference_actions,
-    "math": math_env.reference_actions,
-    "search": search_env.reference_actions,
-    "coin": coin.reference_actions,
-}
+    """A task's record: a built-in set's, or a library environment's (generated again from its params)."""
+    name = str(spec.data["set"])
+    lib = library(name) if ":" in name else None
+    if lib is not None:
+        adapter, arg = lib
+        return adapter.task(arg, dict(spec.data.get("params") or {}), spec.id)
+    return _load(name, spec.data.get("path"))[spec.id]
 
 
 def reference_actions(env: str, spec: TaskSpec) -> list[str]:
     """The scripted actions for a task; ValueError when its task set has no reference solution."""
-    if env not in _SCRIPTS:
+    kind = resolve(env).kind
+    if isinstance(kind, Library):
+        return kind.load().reference_actions(task_of(spec))
+    if not isinstance(kind, Builtin):
         raise ValueError(f"environment {env!r} has no reference solutions to script actions from")
-    return _SCRIPTS[env](task_of(spec))
+    return kind.script(task_of(spec))
 
 
 def make(env: str, spec: TaskSpec, sandbox: Sandbox | None, timeout_s: float) -> Env:
-    task = task_of(spec)
-    if env == "search":
-        return search_env.SearchEnv(task, search_env.index(spec.data.get("path")))
-    if env == "coin":
-        return coin.CoinEnv(task)
-    if env not in SANDBOXED:
+    """The environment of one trajectory (a library's generates its task when it is reset)."""
+    kind, arg = resolve(env)
+    if isinstance(kind, Library):
+        return kind.load().make(arg, dict(spec.data.get("params") or {}), spec.id, timeout_s)
+    if not isinstance(kind, Builtin):
         raise ValueError(f"unknown environment {env!r}")
-    if sandbox is None:
-        raise ValueError(f"environment {env!r} needs a sandbox")
-    if env == "code":
-        return code_env.CodeEnv(task, sandbox, timeout_s)
-    return math_env.MathEnv(task, sandbox, timeout_s)
+    return kind.build(task_of(spec), spec, sandbox, timeout_s)

@@ -27,8 +27,9 @@ class TaskSpec(Struct, forbid_unknown_fields=True):
 BUILTIN_REWARDS = ("replay", "env", "math", "code", "judge")
 Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 AffinityGpu = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]
-# A built-in environment, an agent outside Loom ("external", through the OpenAI-compatible gateway), or an
-# environment class by import path ``module:Class`` (loom.envs.api) from a module the operator allowed.
+# A built-in environment, an agent outside Loom ("external", through the OpenAI-compatible gateway), a
+# library's environment ``<prefix>:<name>`` (``reasoning_gym:chain_sum``), or an environment class by import
+# path ``module:Class`` (loom.envs.api) from a module the operator allowed (loom.envs.registry resolves it).
 EnvName = Annotated[
     str,
     Meta(pattern=r"^(replay|code|math|search|coin|external|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256),
@@ -37,21 +38,25 @@ RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w
 
 
 class DatasetRef(Struct, forbid_unknown_fields=True):
-    """Tasks taken from a named data set instead of listed inline."""
+    """Tasks taken from a named data set instead of listed inline. No name: the environment's own tasks (its
+    default set; a library environment's generated tasks; replay's default traces)."""
 
-    name: Literal[
-        "swe-replay",
-        "humaneval",
-        "mbpp",
-        "gsm8k",
-        "gsm8k-train",
-        "hotpotqa",
-        "arith",
-        "arith-eval",
-        "coin",
-        "coin-eval",
-        "jsonl",
-    ]
+    name: (
+        Literal[
+            "swe-replay",
+            "humaneval",
+            "mbpp",
+            "gsm8k",
+            "gsm8k-train",
+            "hotpotqa",
+            "arith",
+            "arith-eval",
+            "coin",
+            "coin-eval",
+            "jsonl",
+        ]
+        | None
+    ) = None
     # Where the set's file is; a "jsonl" set (one task per line: a JSON object, its "id" optional) needs it.
     path: str | None = None
     offset: NonNeg = 0

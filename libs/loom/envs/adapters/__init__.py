@@ -1,0 +1,58 @@
+"""Environments of other libraries, one adapter module each, named in ``loom.envs.registry.KINDS`` by prefix
+(``reasoning_gym:<dataset>``). The library is an optional dependency: nothing here imports it until a job
+names one of its environments.
+
+An adapter module provides (``Adapter``): the tasks of a named environment of the library under the job's
+``env_params`` (ids, and each task's record, generated again identically in any process), a record's
+statement and scripted actions, and the environment a trajectory runs (``loom.envs.base.Env``). What the
+library's code raises or where it hangs fails only that trajectory (``LibraryError``); a job spec it cannot
+serve is refused at submission (``LibraryMissing``, ``UnknownName``, ``BadParams``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from loom.envs.base import Env
+
+
+class LibraryMissing(ValueError):
+    """The library is not installed in this process's environment."""
+
+
+class UnknownName(ValueError):
+    """The library has no environment (dataset) of that name."""
+
+
+class BadParams(ValueError):
+    """The job's ``env_params`` are not what the library's environment accepts."""
+
+
+class LibraryError(Exception):
+    """The library's code raised, or did not return in time, while running a trajectory (not retried)."""
+
+
+class Adapter(Protocol):
+    # The distribution and the Loom extra that install the library (for the error a missing library gives).
+    PACKAGE: str
+    EXTRA: str
+
+    def params(self, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters the environment runs under (the given ones, defaults filled in so that every process
+        generates the same tasks); UnknownName, BadParams or LibraryMissing when they cannot be served."""
+        ...
+
+    def task_ids(self, name: str, params: Mapping[str, Any]) -> list[str]: ...
+
+    def task(self, name: str, params: Mapping[str, Any], task_id: str) -> Any:
+        """The record of a task (KeyError for an id the set does not have)."""
+        ...
+
+    def statement(self, record: Any) -> str: ...
+
+    def reference_actions(self, record: Any) -> list[str]:
+        """The actions that solve the task; ValueError when the record has no reference answer."""
+        ...
+
+    def make(self, name: str, params: Mapping[str, Any], task_id: str, timeout_s: float) -> Env: ...
