@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loom import bus, policy
+from loom import bus, lifecycle, policy
 from loom.envs import coin, registry, tasksets
 from loom.protocol import SamplingParams, StreamSpec
 from loom.trainer.client import StreamClient
@@ -179,7 +179,11 @@ def run_once(cfg: TrainConfig, out: Path, console: Console) -> dict[str, Any]:
     ckpt0 = initial_checkpoint(cfg, out, console)
     modes = [cfg.async_bound] + ([0] if cfg.sync and cfg.async_bound != 0 else [])
     # The first mode is scored before and after; the others start from the same checkpoint and are scored after.
-    results = [asyncio.run(run_mode(cfg, a, ckpt0, out / f"alpha{a}", a == modes[0], console)) for a in modes]
+    results = []
+    for a in modes:
+        lifecycle.stop_if_terminated()
+        results.append(asyncio.run(run_mode(cfg, a, ckpt0, out / f"alpha{a}", a == modes[0], console)))
+        lifecycle.stop_if_terminated()
     main = results[0]
     summary = summarize(cfg, main, results[1] if len(results) > 1 else None)
     summary["total_wall_s"] = round(time.monotonic() - t0, 1)
@@ -280,6 +284,7 @@ async def run_mode(
             result.eval_first = await asyncio.to_thread(
                 score_heldout, dep.api_url, dep.api_token, cfg, console, "before", result.heldout_first
             )
+        lifecycle.stop_if_terminated()
         nc = await bus.connect(dep.nats.url, "loom-train", credentials=dep.credentials("trainer"))
         torch.manual_seed(cfg.seed)
         shuffle = random.Random(cfg.seed) if cfg.control == "shuffled" else None
@@ -293,6 +298,7 @@ async def run_mode(
             with Progress(*cols, console=console) as progress:
                 bar = progress.add_task(f"train (async_bound {alpha})", total=cfg.steps)
                 for step in range(cfg.steps):
+                    lifecycle.stop_if_terminated()
                     batch = await stream.get_batch(cfg.groups, timeout=900)
                     waited = batch.waited_s
                     rep = await asyncio.to_thread(trainer.step, batch)
@@ -327,6 +333,7 @@ async def run_mode(
         finally:
             await stream.close()
             await nc.drain()
+        lifecycle.stop_if_terminated()
         result.eval_last = await asyncio.to_thread(
             score_heldout,
             dep.api_url,

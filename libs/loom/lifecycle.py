@@ -37,10 +37,30 @@ def dies_with_me() -> Callable[[], None] | None:
     return preexec
 
 
+_terminated = False
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     # As if Ctrl-C had been pressed: asyncio.run cancels its main task (finally blocks stop the children),
     # and synchronous code gets KeyboardInterrupt.
+    global _terminated
+    _terminated = True
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def terminated() -> bool:
+    """Whether this process got SIGTERM. asyncio.run turns the signal into one cancellation of its main task,
+    and code that suppresses CancelledError while it waits on a task of its own (``task.cancel(); with
+    suppress(CancelledError): await task``, in Loom and in libraries) swallows it if it lands there: the
+    command then goes on as if nothing happened (``loom train`` once trained on and started its next mode). A
+    long command checks this between its stages and stops."""
+    return _terminated
+
+
+def stop_if_terminated() -> None:
+    """KeyboardInterrupt, the Ctrl-C path, if this process got SIGTERM."""
+    if _terminated:
+        raise KeyboardInterrupt("SIGTERM")
 
 
 def sigterm_as_interrupt() -> None:
