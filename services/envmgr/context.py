@@ -106,15 +106,22 @@ async def call_model(
     priority: float,
     input_ids: list[int] | None = None,
     sampling: SamplingParams | None = None,
+    *,
+    sample: int = 0,
+    stop: list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    top_logprobs: int = 0,
 ) -> ModelCall:
     """Generate through the router; an engine abort ends the trajectory (TrajectoryAborted).
 
     ``ignore_eos`` when no token ids are sent: a lengths-only call (a replay or a scripted action) must
-    produce exactly the tokens it stands for."""
+    produce exactly the tokens it stands for. ``sample`` > 0 names another sample of the same call (an
+    external agent's ``n``): a request of its own, ``rid`` suffixed ``.s<sample>``."""
     t0 = ctx.clock.now()
     sampling = sampling or work.sampling
+    rid = f"{work.job_id}.{work.traj_id}.{step}" + (f".s{sample}" if sample else "")
     req = GenRequest(
-        rid=f"{work.job_id}.{work.traj_id}.{step}",
+        rid=rid,
         job_id=work.job_id,
         traj_id=work.traj_id,
         step=step,
@@ -127,6 +134,9 @@ async def call_model(
         top_p=sampling.top_p,
         return_logprob=sampling.logprobs,
         tag=work.tag,
+        stop=stop or None,
+        stop_token_ids=stop_token_ids or None,
+        top_logprobs=top_logprobs,
     )
     res = await ctx.gen.generate(req)
     if res.finish_reason == "abort":

@@ -10,6 +10,16 @@ it was answered (the previous messages, the reply as returned, then new tool or 
 is the previous context, the reply's output ids as generated, and only the new messages' ids: nothing is
 decoded and encoded again. A history the agent rewrote is rendered afresh and that step marked
 ``rebased``; a completion whose prompt extends the previous context likewise adds only its new ids.
+
+``stop`` (strings) and ``stop_token_ids`` go to the engine, which stops on them where it can (SGLang), and the
+output is cut here in any case (``openai_api.cut_at_stop``): the step records the engine's ids and log-probs
+up to and including the token that completed the first stop string (or the first stop id), the reply's text
+ends before the stop string, and the context goes on from the ids recorded, as after a length limit.
+
+``n`` > 1 makes n generations of the same context (requests of their own, ``rid`` suffixed ``.s<i>``),
+returned as choices 0 to n-1. The step records the choice the agent continues from (the one whose message,
+or ids, its next call carries; choice 0 when it finishes or rewrites its history) and keeps the others in
+``Step.siblings``: the trajectory's sequence is the path the agent took, so its trainers see that path.
 """
 
 from __future__ import annotations
@@ -17,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +41,7 @@ from loom.engine.token_ids import QWEN3_VOCAB
 from loom.envs.base import EnvError
 from loom.genclient import GenFailed
 from loom.predict import context as predict_context
-from loom.protocol import Prediction, Step, Trajectory, TrajWork, decode, encode, subjects
+from loom.protocol import Prediction, Sibling, Step, Trajectory, TrajWork, decode, encode, subjects
 from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
 from services.envmgr.context import LoopContext, ModelCall, TrajectoryAborted, call_model, trajectory
 from services.envmgr.prediction import await_prediction, predict
@@ -46,16 +58,40 @@ class CallError(Exception):
 
 
 @dataclass
-class _Turn:
-    """A reply given, waiting for what the agent sends after it."""
+class _Sample:
+    """One sample (choice) of a call: what was returned, and what the trajectory records of it."""
 
     call: ModelCall
-    text: str
-    prompt_ids: list[int]
-    output_ids: list[int]
+    output_ids: list[int]  # the engine's ids, cut after the token that completed the stop that ended it
+    logprobs: list[float] | None
+    top: list[list[tuple[int, float]]] | None  # each output token's top alternatives
+    text: str  # as returned: before the stop string, without the end-of-turn token
+    stopped: bool  # an agent's stop ended it
+
+    @property
+    def finish(self) -> str:
+        return "stop" if self.stopped or chat.ended(self.output_ids) else "length"
+
+    def sibling(self, choice: int) -> Sibling:
+        return Sibling(choice, len(self.output_ids), self.text, self.output_ids, self.logprobs, self.finish)
+
+
+@dataclass
+class _Turn:
+    """A reply given (one sample per choice), waiting for what the agent sends after it."""
+
+    samples: list[_Sample]
+    context: list[int]  # the call's whole context
+    prompt_ids: list[int]  # what this call added to the context (all of it when rebased)
     replied_at: float
     rebased: bool
+    messages: list[chat.Message] = field(default_factory=list)  # chat: each choice's message as returned
+    chosen: int = 0  # the choice the agent continued from
     prediction: asyncio.Task[Prediction] | None = None
+
+    def ids(self, choice: int) -> list[int]:
+        """The context after choice ``choice``: what a call that continues from it extends."""
+        return self.context + self.samples[choice].output_ids
 
 
 def _same(a: chat.Message, b: chat.Message) -> bool:
@@ -77,7 +113,7 @@ def _same(a: chat.Message, b: chat.Message) -> bool:
 class Session:
     work: TrajWork
     ctx: LoopContext
-    ids: list[int] = field(default_factory=list)
+    # The messages of the last chat call (the reply's not among them: each choice's is in the pending turn).
     chat_seen: list[chat.Message] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     steps: list[Step] = field(default_factory=list)
@@ -121,7 +157,8 @@ class Session:
                 return SessionReply(200, await self._completion(call.completion))
             raise CallError(400, f"a {call.kind} call without its request")
         except CallError as e:
-            return SessionReply(e.status, openai_api.error(e.status, str(e)))
+            named = re.match(r"([a-z_]+): ", str(e))  # a refusal that names the field it refuses
+            return SessionReply(e.status, openai_api.error(e.status, str(e), named and named.group(1)))
         except msgspec.DecodeError as e:
             return SessionReply(400, openai_api.error(400, f"unreadable call: {e}"))
         except (TrajectoryAborted, EnvError) as e:
@@ -167,24 +204,29 @@ class Session:
             raise CallError(400, "messages: a chat needs at least one message")
         thinking = bool((req.chat_template_kwargs or {}).get("enable_thinking", True))
         n = len(self.chat_seen)
+        pending = self.pending
+        choice: int | None = None
         try:
-            follows = bool(
-                self.pending is not None
+            if (
+                pending is not None
                 and n
                 and req.tools == self.tools
-                and len(req.messages) > n
+                and len(req.messages) > n + 1
                 and all(_same(a, b) for a, b in zip(req.messages[:n], self.chat_seen, strict=False))
-                and all(m.get("role") != "assistant" for m in req.messages[n:])
-            )
+                and all(m.get("role") != "assistant" for m in req.messages[n + 1 :])
+            ):
+                replied = req.messages[n]
+                choice = next((i for i, m in enumerate(pending.messages) if _same(replied, m)), None)
         except (chat.ChatError, AttributeError, TypeError):
-            follows = False  # not the chat this session answered: rendered afresh (and refused if unreadable)
+            choice = None  # not the chat this session answered: rendered afresh (and refused if unreadable)
         try:
-            if follows:
-                assert self.pending is not None
-                new = req.messages[n:]
-                new_ids = chat.encode(chat.continuation(new, chat.ended(self.pending.output_ids), thinking))
+            if choice is not None:
+                assert pending is not None
+                new = req.messages[n + 1 :]
+                out = pending.samples[choice].output_ids
+                new_ids = chat.encode(chat.continuation(new, chat.ended(out), thinking))
                 observation = chat.joined_text(new)
-                context, rebased = self.ids + new_ids, False
+                context, rebased = pending.ids(choice) + new_ids, False
             else:
                 context = new_ids = chat.encode(chat.render(req.messages, req.tools, True, thinking))
                 observation, rebased = "", self.pending is not None or bool(self.steps)
@@ -192,59 +234,93 @@ class Session:
             raise CallError(400, str(e)) from e
         if not self.prompt:
             self.prompt = chat.text_of(req.messages[-1].get("content"))
-        turn = await self._generate(req, context, new_ids, want, observation, rebased)
+        turn = await self._generate(req, context, new_ids, want, observation, rebased, choice)
         self.tools = req.tools
         calls = req.tools is not None and req.tool_choice != "none"
-        reply = chat.parse_reply(turn.text) if calls else chat.Reply(turn.text, [])
-        self.chat_seen = [*req.messages, chat.message(reply)]
-        finish = "tool_calls" if reply.tool_calls else self._finish_reason(turn.output_ids)
-        return openai_api.chat_completion(
-            self._generated(turn, req, finish, context, bool(req.logprobs)), reply
-        )
+        self.chat_seen = list(req.messages)
+        responses = []
+        for sample in turn.samples:
+            reply = chat.parse_reply(sample.text) if calls else chat.Reply(sample.text, [])
+            turn.messages.append(chat.message(reply))
+            finish = "tool_calls" if reply.tool_calls else sample.finish
+            g = self._generated(sample, req, finish, context, bool(req.logprobs))
+            responses.append(openai_api.chat_completion(g, reply))
+        return responses[0] if len(responses) == 1 else openai_api.choices(responses)
 
     async def _completion(self, req: CompletionRequest) -> dict[str, Any]:
         want = self._budget(req, req.max_tokens)
-        if req.echo:
-            raise CallError(400, "echo: the prompt is not echoed (return_token_ids gives its ids)")
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode(req.prompt)
         if not ids:
             raise CallError(400, "prompt: a completion needs a prompt")
         if not all(0 <= t < QWEN3_VOCAB for t in ids):
             raise CallError(400, f"prompt: token ids are 0 to {QWEN3_VOCAB - 1}")
-        if self.pending is not None and len(ids) > len(self.ids) and ids[: len(self.ids)] == self.ids:
-            new_ids, rebased = ids[len(self.ids) :], False
+        pending = self.pending
+        choice = None
+        if pending is not None:
+            for i in range(len(pending.samples)):
+                before = pending.ids(i)
+                if len(ids) > len(before) and ids[: len(before)] == before:
+                    choice = i
+                    break
+        if choice is not None:
+            assert pending is not None
+            new_ids, rebased = ids[len(pending.ids(choice)) :], False
             observation = chat.decode(new_ids)
         else:
             new_ids, rebased, observation = ids, self.pending is not None or bool(self.steps), ""
         if not self.prompt:
             self.prompt = chat.decode(ids)
-        turn = await self._generate(req, ids, new_ids, want, observation, rebased)
+        turn = await self._generate(req, ids, new_ids, want, observation, rebased, choice)
         self.chat_seen = []
-        g = self._generated(turn, req, self._finish_reason(turn.output_ids), ids, req.logprobs is not None)
-        return openai_api.text_completion(g, chat.reply_text(turn.output_ids))
+        responses = [
+            openai_api.text_completion(
+                self._generated(sample, req, sample.finish, ids, req.logprobs is not None), sample.text
+            )
+            for sample in turn.samples
+        ]
+        return responses[0] if len(responses) == 1 else openai_api.choices(responses)
 
     def _generated(
         self,
-        turn: _Turn,
+        sample: _Sample,
         req: ChatRequest | CompletionRequest,
         finish: str,
         prompt: list[int],
         logprobs: bool,
     ) -> openai_api.Generated:
         return openai_api.Generated(
-            turn.call.req.rid,
+            sample.call.req.rid,
             req.model or self.work.model,
             int(time.time()),
             finish,
             prompt,
-            turn.output_ids,
-            turn.call.res.output_logprobs if logprobs else None,
+            sample.output_ids,
+            sample.logprobs if logprobs else None,
             bool(req.return_token_ids),
+            sample.top if logprobs and req.top() else None,
         )
 
-    @staticmethod
-    def _finish_reason(output_ids: list[int]) -> str:
-        return "stop" if chat.ended(output_ids) else "length"
+    def _sample(self, mc: ModelCall, req: Sampling) -> _Sample:
+        """A generation as returned and recorded: cut at the first of the agent's stops."""
+        out = mc.res.output_ids
+        if out is None:
+            raise EnvError("the engine returned no token ids")
+        lps, top = mc.res.output_logprobs, mc.res.output_top_logprobs
+        if req.top() and top is None:
+            raise CallError(400, "top_logprobs: the engine serving this call returns no top log-probs")
+        stops, stop_ids = req.stops(), req.stop_token_ids or []
+        cut = openai_api.cut_at_stop(out, stops, stop_ids) if stops or stop_ids else None
+        if cut is None:
+            return _Sample(mc, list(out), lps, top, chat.reply_text(out), False)
+        k = cut.keep
+        return _Sample(
+            mc,
+            list(out[:k]),
+            None if lps is None else lps[:k],
+            None if top is None else top[:k],
+            cut.text,
+            True,
+        )
 
     async def _generate(
         self,
@@ -254,6 +330,7 @@ class Session:
         want: int,
         observation: str,
         rebased: bool,
+        choice: int | None = None,
     ) -> _Turn:
         now = self.ctx.clock.now()
         prev = self.pending
@@ -268,27 +345,43 @@ class Session:
             top_p=self.work.sampling.top_p if req.top_p is None else req.top_p,
             logprobs=True,  # the trajectory keeps them whether or not the agent asked
         )
+        extra: dict[str, Any] = {
+            "stop": req.stops(),
+            "stop_token_ids": req.stop_token_ids,
+            "top_logprobs": req.top(),
+        }
         try:
-            mc = await call_model(
-                self.ctx, self.work, k, len(context), want, self.priority, context, sampling
+            mcs = await _all(
+                call_model(
+                    self.ctx,
+                    self.work,
+                    k,
+                    len(context),
+                    want,
+                    self.priority,
+                    context,
+                    sampling,
+                    sample=i,
+                    **extra,
+                )
+                for i in range(req.n or 1)
             )
         except GenFailed as e:
             if e.code == "invalid_request":  # the engine refused this call (too long): the session goes on
                 raise CallError(400, str(e)) from e
             raise
+        samples = [self._sample(mc, req) for mc in mcs]
         # The reply that came before is a step now, with what the agent sent after it.
+        if prev is not None and choice is not None:
+            prev.chosen = choice
         self._close_turn(observation, 0.0 if prev is None else now - prev.replied_at)
-        out = mc.res.output_ids
-        if out is None:
-            raise EnvError("the engine returned no token ids")
-        self.generated += mc.res.output_len
-        self.ids = context + out
-        text = chat.reply_text(out)
-        self.acts.append(text)
-        turn = _Turn(mc, text, new_ids, list(out), self.ctx.clock.now(), rebased)
+        # The trajectory grows by one of the samples: the budget counts the longest.
+        self.generated += max(len(x.output_ids) for x in samples)
+        self.acts.append(samples[0].text)
+        turn = _Turn(samples, context, new_ids, self.ctx.clock.now(), rebased)
         pieces = predict_context.step_pieces(self.acts, [*self.observations, ""], k + 1)
         turn.prediction = asyncio.create_task(
-            predict(self.ctx, self.work, k + 1, len(self.ids), self.generated, self.prompt, pieces)
+            predict(self.ctx, self.work, k + 1, len(turn.ids(0)), self.generated, self.prompt, pieces)
         )
         self.pending = turn
         return turn
@@ -300,8 +393,19 @@ class Session:
             return
         self.pending = None
         self.observations.append(observation)
+        chosen = turn.samples[turn.chosen]
+        step = chosen.call.step(
+            chosen.text, observation, tool_s, turn.prompt_ids, chosen.output_ids, turn.rebased
+        )
+        siblings = [x.sibling(i) for i, x in enumerate(turn.samples) if i != turn.chosen]
         self.steps.append(
-            turn.call.step(turn.text, observation, tool_s, turn.prompt_ids, turn.output_ids, turn.rebased)
+            msgspec.structs.replace(
+                step,
+                output_len=len(chosen.output_ids),
+                output_logprobs=chosen.logprobs,
+                choice=turn.chosen,
+                siblings=siblings or None,
+            )
         )
 
     def cancel_prediction(self) -> None:
@@ -317,6 +421,18 @@ class Session:
                 raise EnvError(f"the agent sent no call for {self.work.session_idle_s:g} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ended.wait(), max(left, 0.5))
+
+
+async def _all(calls: Iterable[Coroutine[Any, Any, ModelCall]]) -> list[ModelCall]:
+    """Every call's result, in order; when one fails (or this is cancelled) the others are cancelled."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def run_external(work: TrajWork, ctx: LoopContext) -> Trajectory:

@@ -245,6 +245,9 @@ class RolloutWorker:
             temperature=req.temperature,
             top_p=req.top_p,
             return_logprob=req.return_logprob,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            top_logprobs=req.top_logprobs,
         )
         reply: GenResult | GenError
         try:
@@ -261,6 +264,7 @@ class RolloutWorker:
                 cached_tokens=out.cached_tokens,
                 weight_version=out.weight_version,
                 output_logprobs=out.output_logprobs,
+                output_top_logprobs=out.output_top_logprobs,
             )
             self.m_tokens.inc(out.output_len)
             self.m_latency.observe(out.queue_s + out.prefill_s + out.decode_s)

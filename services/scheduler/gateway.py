@@ -2,7 +2,8 @@
 
 ``GET /v1/jobs/{id}/sessions`` lists the job's sessions: each trajectory's id, task and ``base_url``, the
 OpenAI client's base URL (``.../v1/sessions/{session_id}/v1``). Under it: ``POST /chat/completions`` and
-``POST /completions`` (streamed or not; ``tools``, ``logprobs``, ``return_token_ids``), ``GET /models``.
+``POST /completions`` (streamed or not; ``tools``, ``logprobs``, ``top_logprobs``, ``stop``, vLLM's
+``stop_token_ids`` and ``return_token_ids``, ``n`` choices), ``GET /models``.
 ``POST /v1/sessions/{session_id}/finish`` with ``{"reward": r}`` (or null: the job's reward function scores
 it) ends the trajectory (also at ``{base_url}/finish``, for the OpenAI client's ``post``). Each session comes
 with its own ``api_key`` for the OpenAI client: it opens that session's paths and nothing else, so an agent

@@ -20,6 +20,8 @@ import openai
 import pytest
 
 from loom import chat, policy
+from loom.integrations.trl.rollout import rows_of
+from loom.integrations.verl.samples import sample_of
 from loom.protocol import Trajectory
 from loom.trainer import grpo
 from loom.trainer.chat_sft import chat_sequence
@@ -183,14 +185,87 @@ def test_a_rewritten_history_is_rebased_and_completions_extend_the_context(loom_
     more = chat.encode(chat.continuation([{"role": "user", "content": "go on"}], ended=False))
     third = agent.completions.create(model="m", prompt=context + more, max_tokens=4, logprobs=0)
     assert len(third.choices[0].logprobs.token_logprobs) == 4
-    with pytest.raises(openai.BadRequestError, match="stop sequences"):
-        agent.completions.create(model="m", prompt="x", stop=["\n"])
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        agent.completions.create(model="m", prompt="x", echo=True)
     agent.post("/finish", body={"reward": None}, cast_to=object)
     assert loom_up.wait_job(job["id"], timeout=60)["completed"] == 1
     (t,) = api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]  # type: ignore[index]
     assert [st["rebased"] for st in t["steps"]] == [False, True, False]
     assert t["steps"][2]["prompt_ids"] == more and t["info"]["rebased_steps"] == 1
     assert t["reward"] == 0.5  # the job's reward function, as the agent gave none
+
+
+def test_stop_n_and_top_logprobs_are_honoured_and_every_sample_recorded(loom_up: LoomUp) -> None:
+    """A chat call with stop strings, n=4 and top_logprobs=5: four choices, none containing a stop string,
+    each with its ids, log-probs and five alternatives per token; the agent goes on from choice `pick`, which
+    the trajectory's step records (the other three as its siblings); a completion with n=2 and a logprobs
+    count extends that path. The trajectory stays one trainable sequence."""
+    token = (loom_up.home / "api_token").read_text().strip()
+    api = openai.OpenAI(base_url=f"{loom_up.api}/v1", api_key=token, max_retries=0)
+    spec = {"env": "external", "tasks": [{"id": "q", "data": {}}], "group_size": 1, "max_turn_tokens": 32}
+    job = api.post("/jobs", body=spec, cast_to=object)
+    (s,) = api.get(f"/jobs/{job['id']}/sessions", cast_to=object)["sessions"]  # type: ignore[index]
+    agent = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    stops = ["e", "\n"]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    first = agent.chat.completions.create(
+        model="m",
+        messages=messages,
+        stop=stops,
+        n=4,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"return_token_ids": True},
+    )
+    assert [c.index for c in first.choices] == [0, 1, 2, 3]
+    texts = [c.message.content or "" for c in first.choices]
+    ids = [c.model_extra["token_ids"] for c in first.choices]
+    assert len({tuple(i) for i in ids}) == 4  # four samples, not one four times
+    assert first.usage.completion_tokens == sum(map(len, ids))
+    for c, text, out in zip(first.choices, texts, ids, strict=True):
+        assert not any(x in text for x in stops) and chat.decode(out).startswith(text)
+        assert c.finish_reason == "stop" or (c.finish_reason == "length" and len(out) == 32)
+        assert len(c.logprobs.content) == len(out)
+        for entry in c.logprobs.content:
+            alts = [a.logprob for a in entry.top_logprobs]
+            assert len(alts) == 5 and alts == sorted(alts, reverse=True) and entry.logprob in alts
+    assert any(c.finish_reason == "stop" for c in first.choices)
+    pick = next(i for i in (2, 3, 1, 0) if texts.count(texts[i]) == 1)
+    messages += [first.choices[pick].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
+    second = agent.chat.completions.create(
+        model="m", messages=messages, max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    context = second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
+    more = chat.encode(chat.continuation([{"role": "user", "content": "and?"}], ended=False))
+    third = agent.completions.create(
+        model="m", prompt=context + more, max_tokens=6, n=2, logprobs=3, stop=["e"]
+    )
+    assert [c.index for c in third.choices] == [0, 1]
+    for c in third.choices:
+        assert "e" not in c.text and len(c.logprobs.top_logprobs) == len(c.logprobs.tokens)
+        assert all(1 <= len(alts) <= 3 for alts in c.logprobs.top_logprobs)
+    agent.post("/finish", body={"reward": 1.0}, cast_to=object)
+    assert loom_up.wait_job(job["id"], timeout=60)["completed"] == 1
+    (item,) = api.get(f"/jobs/{job['id']}/trajectories", cast_to=object)["items"]  # type: ignore[index]
+    t = msgspec.convert(item, Trajectory)
+    one, two, three = t.steps
+    # The step is the choice the agent went on from; its siblings are the other three, ids and log-probs.
+    assert one.choice == pick and one.output_ids == ids[pick] and one.action == texts[pick]
+    assert one.output_logprobs == pytest.approx([x.logprob for x in first.choices[pick].logprobs.content])
+    assert [(x.choice, x.output_ids) for x in one.siblings or []] == [
+        (i, ids[i]) for i in range(4) if i != pick
+    ]
+    assert all(len(x.output_logprobs or []) == len(x.output_ids or []) for x in one.siblings or [])
+    ended = chat.ended(ids[pick])
+    assert two.prompt_ids == chat.encode(chat.continuation(messages[2:], ended=ended)) and not two.rebased
+    assert two.siblings is None and three.prompt_ids == more and not three.rebased
+    assert three.choice == 0 and len(three.siblings or []) == 1
+    flat = grpo.flatten(t)  # the path the agent took, one sequence
+    assert flat.ids.tolist() == [
+        i for st in t.steps for i in (*(st.prompt_ids or []), *(st.output_ids or []))
+    ]
+    row, sample = rows_of(t), sample_of(t)  # TRL's and verl's views of it, the same path
+    assert row.prompt_ids + row.completion_ids == flat.ids.tolist() == sample.prompt_ids + sample.response_ids
 
 
 def test_an_agent_solves_a_built_in_task_set_scored_by_its_reward(loom_up: LoomUp) -> None:

@@ -33,6 +33,12 @@ class EngineRequest:
     top_p: float = 1.0
     # Also return the log-probability of every sampled token under the distribution it was sampled from.
     return_logprob: bool = False
+    # End the output at the first of these strings or token ids (the token that completes it included),
+    # where the engine can; the environment manager cuts at the first one in any case.
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    # Also return each output token's ``top_logprobs`` most likely alternatives (0: none).
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -47,6 +53,8 @@ class EngineOutput:
     cached_tokens: int = 0
     weight_version: str = ""
     output_logprobs: list[float] | None = None
+    # Per output token, its top alternatives as (token id, log-prob), most likely first (``top_logprobs``).
+    output_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

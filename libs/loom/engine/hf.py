@@ -5,6 +5,10 @@ engine loop, and each iteration admits waiting requests, prefills them one by on
 step over every running sequence (``hf_batch.BatchKV``). The torch work of an iteration runs on a single worker
 thread, so the event loop stays free for submissions, aborts and control calls; the loop's own state (queues,
 futures) is touched only on the event loop.
+
+A request's ``stop_token_ids`` end it as its end-of-turn token does (the token kept); its ``top_logprobs`` are
+the most likely tokens of each step under the distribution its token was sampled from (temperature-scaled,
+before top-p), as its log-probs are. Stop strings are the caller's to apply: the engine has no tokenizer.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from transformers import PreTrainedModel
 
 from loom import policy
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
-from loom.engine.hf_batch import BatchKV, FinishReason, Seq, prefill, request_generator, sample
+from loom.engine.hf_batch import BatchKV, FinishReason, Seq, prefill, request_generator, sample_with_top
 
 __all__ = ["HFEngine"]
 
@@ -185,6 +189,8 @@ class HFEngine:
             raise ValueError(f"{req.rid}: a request with this rid is already in flight")
         if min(req.input_ids) < 0 or max(req.input_ids) >= config.vocab_size:
             raise ValueError(f"{req.rid}: token ids must lie in [0, {config.vocab_size})")
+        if not 0 <= req.top_logprobs <= config.vocab_size:
+            raise ValueError(f"{req.rid}: top_logprobs must lie in [0, {config.vocab_size}]")
         if req.max_new_tokens < 0 or req.temperature < 0 or not 0 < req.top_p <= 1:
             raise ValueError(f"{req.rid}: needs max_new_tokens >= 0, temperature >= 0 and 0 < top_p <= 1")
         total = len(req.input_ids) + req.max_new_tokens
@@ -210,7 +216,7 @@ class HFEngine:
         now = time.perf_counter()
         # An abort may catch the worker thread mid-append: output_ids is the shorter list, cut both to it.
         n = len(seq.output_ids)
-        ids, logprobs = seq.output_ids[:n], seq.logprobs[:n]
+        ids, logprobs, top = seq.output_ids[:n], seq.logprobs[:n], seq.top[:n]
         admitted = seq.admitted if seq.admitted is not None else now
         reason: FinishReason = seq.finish_reason or "abort"
         return EngineOutput(
@@ -223,6 +229,7 @@ class HFEngine:
             decode_s=now - seq.prefilled if seq.prefilled is not None else 0.0,
             weight_version=self.weight_version,
             output_logprobs=logprobs if seq.req.return_logprob else None,
+            output_top_logprobs=top if seq.req.top_logprobs > 0 else None,
         )
 
     def _deliver(self, seq: Seq) -> None:
@@ -297,9 +304,9 @@ class HFEngine:
             self._emit(self._batch.rows, self._batch.step(model))
 
     def _emit(self, seqs: list[Seq], logits: torch.Tensor) -> None:
-        for seq, (token, logprob) in zip(seqs, sample(logits, seqs), strict=True):
+        for seq, (token, logprob, top) in zip(seqs, sample_with_top(logits, seqs), strict=True):
             if seq.finish_reason is None:
-                seq.append(token, logprob)
+                seq.append(token, logprob, top)
                 self._generated += 1
 
     def _switch(self, model: PreTrainedModel) -> None:

@@ -38,6 +38,8 @@ class Seq:
     submitted: float
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # Each output token's top alternatives (id, log-prob), when the request asks for ``top_logprobs``.
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
     # Set once, by the worker thread (stop, length) or by the event loop (abort), whichever comes first.
     finish_reason: FinishReason | None = None
     admitted: float | None = None
@@ -53,14 +55,16 @@ class Seq:
     def context_len(self) -> int:
         return len(self.prompt) + len(self.output_ids)
 
-    def append(self, token: int, logprob: float) -> None:
-        # The logprob goes first: the event loop may snapshot an aborted request at any moment, and it cuts both
-        # lists to len(output_ids).
+    def append(self, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> None:
+        # The logprob goes first: the event loop may snapshot an aborted request at any moment, and it cuts
+        # every list to len(output_ids).
         self.logprobs.append(logprob)
+        if top is not None:
+            self.top.append(top)
         self.output_ids.append(token)
         if self.finish_reason is not None:
             return
-        if token in STOP_IDS and not self.req.ignore_eos:
+        if (token in STOP_IDS and not self.req.ignore_eos) or token in (self.req.stop_token_ids or ()):
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.req.max_new_tokens:
             self.finish_reason = "length"
@@ -169,6 +173,28 @@ def _draw(probs: torch.Tensor, seqs: list[Seq]) -> list[int]:
 
 def sample(logits: torch.Tensor, seqs: list[Seq]) -> list[tuple[int, float]]:
     """A token per row with its log-probability under the temperature-scaled distribution (before top-p)."""
+    return _sample(logits, seqs)[0]
+
+
+def sample_with_top(
+    logits: torch.Tensor, seqs: list[Seq]
+) -> list[tuple[int, float, list[tuple[int, float]] | None]]:
+    """``sample``, and for each row whose request asks for ``top_logprobs`` its most likely tokens under the
+    same distribution (id and log-prob, best first); None for the other rows."""
+    picks, logps = _sample(logits, seqs)
+    k = max((s.req.top_logprobs for s in seqs), default=0)
+    if k <= 0:
+        return [(t, lp, None) for t, lp in picks]
+    vals, idx = logps.topk(min(k, logps.shape[-1]), dim=-1)
+    vals_l, idx_l = vals.tolist(), idx.tolist()
+    out: list[tuple[int, float, list[tuple[int, float]] | None]] = []
+    for i, ((t, lp), s) in enumerate(zip(picks, seqs, strict=True)):
+        n = s.req.top_logprobs
+        out.append((t, lp, list(zip(idx_l[i][:n], vals_l[i][:n], strict=True)) if n > 0 else None))
+    return out
+
+
+def _sample(logits: torch.Tensor, seqs: list[Seq]) -> tuple[list[tuple[int, float]], torch.Tensor]:
     temps = [s.req.temperature if s.req.temperature > 0 else 1.0 for s in seqs]
     # Passes over [rows, vocab] dominate a small model's step: skip those that change nothing.
     scaled = logits.float() if all(t == 1.0 for t in temps) else logits.float() / torch.tensor(temps)[:, None]
@@ -187,4 +213,4 @@ def sample(logits: torch.Tensor, seqs: list[Seq]) -> list[tuple[int, float]]:
             head[head.cumsum(0) - head >= s.req.top_p] = 0.0
             tokens[i] = int(order[_draw(head[None], [s])[0]])
     picked = logps[torch.arange(len(seqs)), torch.tensor(tokens)].tolist()
-    return list(zip(tokens, picked, strict=True))
+    return list(zip(tokens, picked, strict=True)), logps

@@ -7,7 +7,10 @@ from ``/get_server_info`` and fails, or warns, when they are missing.
 Log-probabilities (``return_logprob``) are SGLang's ``meta_info.output_token_logprobs``: by default those of
 the distribution the token was sampled from after temperature scaling (``log_softmax(logits / T)``, before
 top-p/top-k truncation); a server started with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` returns those of the raw
-logits instead (python/sglang/srt/layers/sampler.py upstream).
+logits instead (python/sglang/srt/layers/sampler.py upstream). ``top_logprobs`` is SGLang's
+``top_logprobs_num``, read back from ``meta_info.output_top_logprobs``. ``stop`` and ``stop_token_ids`` go in
+the sampling params as SGLang names them: it ends the output at the token that completes a stop string or is
+a stop id, and keeps that token in ``output_ids``.
 
 Weights: SGLang loads a checkpoint in place (``/update_weights_from_disk``) and has no separate check, so
 ``prepare_weights`` only records the path and ``commit_weights`` loads it; a load that fails keeps the old
@@ -141,9 +144,16 @@ class SGLangEngine:
             },
             "stream": False,
         }
-        if req.return_logprob:
-            # logprob_start_len left at SGLang's default (-1): the output tokens' only; no top-k.
+        params = body["sampling_params"]
+        if req.stop:
+            params["stop"] = list(req.stop)  # SGLang keeps the ids through the token that completes one
+        if req.stop_token_ids:
+            params["stop_token_ids"] = list(req.stop_token_ids)
+        if req.return_logprob or req.top_logprobs:
+            # logprob_start_len left at SGLang's default (-1): the output tokens' only.
             body["return_logprob"] = True
+        if req.top_logprobs:
+            body["top_logprobs_num"] = req.top_logprobs
         if self._priority_sign:
             # SGLang takes integers; Loom's priorities are remaining-token estimates, so rounding is lossless
             # for ordering. (SGLang preempts a running request only for a priority higher by more than
@@ -161,7 +171,7 @@ class SGLangEngine:
             self._inflight.discard(rid)
         if self._stale_cache and not self._inflight and not self._paused:
             await self._flush_stale_cache()
-        result = self._output(req.rid, out, req.return_logprob)
+        result = self._output(req.rid, out, req.return_logprob, req.top_logprobs)
         if req.input_ids is None:  # live requests carry the real context; replayed ones repeat this one
             self._contexts.remember(key, ids + (result.output_ids or []))
         return result
@@ -299,7 +309,7 @@ class SGLangEngine:
 
     # Responses
 
-    def _output(self, rid: str, out: dict[str, Any], logprobs: bool = False) -> EngineOutput:
+    def _output(self, rid: str, out: dict[str, Any], logprobs: bool = False, top: int = 0) -> EngineOutput:
         meta = out["meta_info"]
         reason = (meta.get("finish_reason") or {}).get("type")
         finish: Literal["length", "stop", "abort"] = reason if reason in ("length", "abort") else "stop"
@@ -317,6 +327,7 @@ class SGLangEngine:
             cached_tokens=int(meta.get("cached_tokens", 0)),
             weight_version=str(meta.get("weight_version") or self.weight_version),
             output_logprobs=output_logprobs,
+            output_top_logprobs=_top_logprobs(self.url, rid, meta, output_ids) if top else None,
         )
 
     # HTTP
@@ -395,6 +406,23 @@ def _logprobs(url: str, rid: str, meta: dict[str, Any], output_ids: list[int] | 
             "output ids"
         )
     return [float(t[0]) for t in triples]
+
+
+def _top_logprobs(
+    url: str, rid: str, meta: dict[str, Any], output_ids: list[int] | None
+) -> list[list[tuple[int, float]]] | None:
+    """Each output token's alternatives, from SGLang's ``output_top_logprobs``: per output token, a list of
+    [logprob, token_id, text or null], most likely first."""
+    rows = meta.get("output_top_logprobs")
+    if rows is None:
+        if (meta.get("finish_reason") or {}).get("type") == "abort":
+            return None
+        raise SGLangError(f"{url}: request {rid!r} asked for top log-probs and got no output_top_logprobs")
+    if output_ids is not None and len(rows) != len(output_ids):
+        raise SGLangError(
+            f"{url}: {len(rows)} rows of top log-probs for the {len(output_ids)} output ids of request {rid!r}"
+        )
+    return [[(int(t[1]), float(t[0])) for t in row or ()] for row in rows]
 
 
 def _message(text: str) -> str:

@@ -13,7 +13,10 @@ The simulator generates no text and has no end-of-sequence: every request runs t
 no tokenizer. With ``return_logprob`` the log-probabilities are placeholders too, deterministic in the same
 way, in SGLang's shape: ``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output
 token, ``input_token_logprobs`` the same for the prompt from ``logprob_start_len`` (-1: its last position)
-on, the first entry's logprob null, as SGLang's. Top-k log-probs are refused.
+on, the first entry's logprob null, as SGLang's; with ``top_logprobs_num`` ``meta_info.output_top_logprobs``
+holds placeholder alternatives, one list of [logprob, token_id, null] per output token, the sampled token
+among them. ``stop_token_ids`` end the output at the first of them (kept, finish_reason "stop" with
+``matched``); stop strings need text, which the simulator has none of: they never match.
 
 Weight updates (/update_weights_from_disk) follow SGLang's http_server and scheduler: not paused, the update
 waits for the requests in flight and holds new ones (SGLang's model-update lock); paused, it loads at once.
@@ -57,7 +60,7 @@ from pydantic import BaseModel, ConfigDict
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.sim import SimEngine
-from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs
+from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +247,13 @@ class _SimServer:
         if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
         start = None
+        top = obj.top_logprobs_num or 0
+        if not isinstance(top, int) or top < 0:
+            raise ValueError(f"top_logprobs_num must be a non-negative integer, got {top!r}")
+        stop_ids = params.get("stop_token_ids") or []
+        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_ids!r}")
         if obj.return_logprob:
-            if obj.top_logprobs_num:
-                raise ValueError("the simulator returns no top-k log-probs: send top_logprobs_num 0")
             start = len(ids) - 1 if obj.logprob_start_len in (None, -1) else obj.logprob_start_len
             if not 0 <= start < len(ids):
                 raise ValueError(
@@ -262,6 +269,8 @@ class _SimServer:
             temperature=float(temperature),
             top_p=float(top_p),
             return_logprob=start is not None,
+            stop_token_ids=stop_ids or None,
+            top_logprobs=top if start is not None else 0,
         )
         return req, ids, start
 
@@ -290,6 +299,10 @@ class _SimServer:
             out = await self._run(req, request)
             seed = ids_key(ids)
             output_ids = synth_ids(seed, out.output_len)
+            matched = _first_stop(output_ids, req.stop_token_ids)
+            if matched is not None and out.finish_reason != "abort":
+                output_ids = output_ids[: matched + 1]
+                out.output_len, out.finish_reason, out.output_ids = len(output_ids), "stop", output_ids
             computed = ids + output_ids
         finally:
             self.inflight.discard(req.rid)
@@ -305,6 +318,9 @@ class _SimServer:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)
             ]
+            if req.top_logprobs:
+                rows = synth_top_logprobs(seed + "/top", output_ids, logprobs, req.top_logprobs)
+                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in row] for row in rows]
             prompt = synth_logprobs(seed + "/in", len(ids))
             meta["input_token_logprobs"] = [
                 [prompt[i] if i > start else None, ids[i], None] for i in range(start, len(ids))
@@ -331,6 +347,8 @@ class _SimServer:
         finish: dict[str, Any] = (
             {"type": "abort", "message": "Abort request."}
             if out.finish_reason == "abort"
+            else {"type": "stop", "matched": out.output_ids[-1] if out.output_ids else None}
+            if out.finish_reason == "stop"
             else {"type": "length", "length": n}
         )
         meta: dict[str, Any] = {
@@ -562,3 +580,11 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
         {"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400},
         status_code=400,
     )
+
+
+def _first_stop(output_ids: list[int], stop_ids: list[int] | None) -> int | None:
+    """The position of the first stop token id in the output, if any."""
+    if not stop_ids:
+        return None
+    stops = set(stop_ids)
+    return next((i for i, t in enumerate(output_ids) if t in stops), None)

@@ -10,7 +10,7 @@ import os
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.sim_core import SimCore, build_core
-from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs
+from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 from loom.engine.train_perf import weight_sync_s
 
 __all__ = ["SimCore", "SimEngine"]
@@ -25,7 +25,9 @@ class SimEngine:
     A request of lengths (trace replay) gets token counts back. A request that sends its token ids gets
     placeholder output ids and log-probs, a stream keyed by its context and rid (a model with random
     weights, as far as anything downstream can tell); the SGLang-compatible server over it
-    (``sglang_server``) synthesizes its own the same way, keyed by the context alone.
+    (``sglang_server``) synthesizes its own the same way, keyed by the context alone. ``top_logprobs`` gives
+    placeholder alternatives around each sampled token (``synth_top_logprobs``); ``stop_token_ids`` end the
+    ids at the first one (the simulated run is charged in full). Stop strings need text: the caller's.
     """
 
     def __init__(
@@ -211,6 +213,16 @@ def _with_ids(req: EngineRequest, out: EngineOutput) -> EngineOutput:
         return out
     key = f"{ids_key(req.input_ids)}/{req.rid}"
     out.output_ids = synth_ids(key, out.output_len)
-    if req.return_logprob:
-        out.output_logprobs = synth_logprobs(key + "/lp", out.output_len)
+    if req.stop_token_ids:
+        # The run was charged in full (the core knows no tokens); the output ends at the first stop id.
+        stops = set(req.stop_token_ids)
+        at = next((i for i, t in enumerate(out.output_ids) if t in stops), None)
+        if at is not None:
+            out.output_ids, out.output_len, out.finish_reason = out.output_ids[: at + 1], at + 1, "stop"
+    if req.return_logprob or req.top_logprobs:
+        lps = synth_logprobs(key + "/lp", out.output_len)
+        if req.return_logprob:
+            out.output_logprobs = lps
+        if req.top_logprobs:
+            out.output_top_logprobs = synth_top_logprobs(key + "/top", out.output_ids, lps, req.top_logprobs)
     return out

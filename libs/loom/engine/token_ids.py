@@ -56,6 +56,26 @@ def synth_logprobs(key: str, n: int) -> list[float]:
     return [math.log((w + 1) / 2**32) for w in synth_ids(key, n, vocab=2**32)]
 
 
+def synth_top_logprobs(
+    key: str, ids: Sequence[int], logprobs: Sequence[float], k: int, vocab: int = QWEN3_ORDINARY
+) -> list[list[tuple[int, float]]]:
+    """Placeholder top-``k`` alternatives of each sampled token, best first: the sampled token with its
+    log-prob and ``k`` - 1 others of ``key``'s stream sharing the rest of the mass (half, a quarter, ...), so
+    every position's probabilities sum to at most 1 and the sampled token is always among them."""
+    if k <= 0:
+        return []
+    alts = synth_ids(key, len(ids) * (k - 1), vocab=vocab)
+    out: list[list[tuple[int, float]]] = []
+    for i, (t, lp) in enumerate(zip(ids, logprobs, strict=True)):
+        rest = max(1.0 - math.exp(lp), 1e-12)
+        row = [(t, lp)]
+        for j, a in enumerate(alts[i * (k - 1) : (i + 1) * (k - 1)]):
+            row.append((a if a != t else (a + 1) % vocab, math.log(rest / 2 ** (j + 1))))
+        row.sort(key=lambda e: -e[1])
+        out.append(row)
+    return out
+
+
 class ContextIds:
     """The ids each trajectory's context was last sent as, least recently used first, ``capacity`` ids in all.
 

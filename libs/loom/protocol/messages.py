@@ -259,6 +259,19 @@ class TrajMeta(Struct):
     state: TrajState = "planned"
 
 
+class Sibling(Struct):
+    """Another sample of the same call (an external agent's ``n`` > 1): the same context as its step, its own
+    output. The step holds the sample the agent continued from; the trajectory's sequence never includes a
+    sibling, so a trainer that reads only ``steps`` trains on the path the agent took."""
+
+    choice: NonNeg  # its index among the call's choices
+    output_len: NonNeg
+    action: str = ""
+    output_ids: list[int] | None = None
+    output_logprobs: list[float] | None = None
+    finish_reason: str = ""
+
+
 class Step(Struct):
     index: NonNeg
     prompt_len: NonNeg
@@ -275,7 +288,9 @@ class Step(Struct):
     # ``prompt_ids`` are the tokens added to the context before this call (the whole prompt at step 0,
     # then the observation that followed the previous output), so the context of call k is every earlier
     # step's prompt_ids + output_ids, then this step's prompt_ids. ``output_ids`` are the model's tokens
-    # (the stop token included), ``output_logprobs`` their sampling log-probabilities.
+    # (the stop token included; where an agent's stop string ended the turn, every token up to and including
+    # the one that completed it, the rest of the engine's output dropped), ``output_logprobs`` their sampling
+    # log-probabilities.
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
     output_logprobs: list[float] | None = None
@@ -284,6 +299,10 @@ class Step(Struct):
     # An external agent sent a history that is not the recorded one (it edited or dropped turns): this
     # call's ``prompt_ids`` are its whole context, rendered afresh, not a continuation of the steps before.
     rebased: bool = False
+    # An external agent's call with ``n`` > 1: the index of the choice recorded in this step (the one the
+    # agent continued from, 0 when it sent nothing after), and the call's other samples.
+    choice: NonNeg = 0
+    siblings: list[Sibling] | None = None
 
 
 TrajStatus = Literal["completed", "failed", "aborted"]
@@ -346,6 +365,12 @@ class GenRequest(Struct):
     return_logprob: bool = False
     # The trajectory's task tag: the router keeps it on the GPU types the job's hw_affinity maps it to.
     tag: str = ""
+    # Stop strings and stop token ids (an external agent's ``stop``, vLLM's ``stop_token_ids``), for engines
+    # that stop on them; the environment manager cuts the output at the first one in any case.
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    # Also return the top alternatives of each output token (0: none), as (token id, log-prob) pairs.
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] = 0
 
 
 class GenAccepted(Struct, tag="accepted"):
@@ -371,6 +396,8 @@ class GenResult(Struct, tag="result"):
     cached_tokens: NonNeg = 0
     weight_version: str = ""
     output_logprobs: list[float] | None = None
+    # With ``top_logprobs``: per output token, its top alternatives as (token id, log-prob), best first.
+    output_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class GenError(Struct, tag="gen_error"):

@@ -3,7 +3,10 @@ from the scheduler's gateway to the environment manager running the session's tr
 
 The request types follow the OpenAI API (and vLLM's ``return_token_ids``); fields an agent's client sends that
 change nothing here (``user``, ``metadata``, ``seed``, ...) are accepted and ignored, as vLLM does, and those
-Loom cannot honour are refused by name (``n`` > 1, ``stop``, ``top_logprobs`` > 0, ``echo``)."""
+Loom cannot honour are refused by name (``echo``; ``top_logprobs`` where the engine returns none).
+
+Honoured: ``stop`` (up to 4 strings) and vLLM's ``stop_token_ids``, ``n`` samples of one call (up to
+``MAX_N``), ``top_logprobs`` (up to 20 alternatives per token; the completions API's ``logprobs`` count)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ class StreamOptions(Struct):
     include_usage: bool = False
 
 
+MAX_N = 16  # samples of one call: each is a generation of its own on the engine
+
+
 class Sampling(Struct):
     max_tokens: Tokens | None = None
     temperature: Temperature | None = None
@@ -27,17 +33,22 @@ class Sampling(Struct):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = False
-    n: Annotated[int, Meta(ge=1)] | None = None
-    stop: str | list[str] | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None  # vLLM's extension
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
+    def stops(self) -> list[str]:
+        """The stop strings (empty ones stop nothing)."""
+        given = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in given if s]
+
+    def top(self) -> int:
+        """How many alternatives of each token to return."""
+        return self.top_logprobs or 0
+
     def unsupported(self) -> str | None:
-        if self.n not in (None, 1):
-            return "n: a session generates one reply per call (start more sessions for more samples)"
-        if self.stop:
-            return "stop: stop sequences are not supported; the turn ends at the model's end-of-turn token"
-        if self.top_logprobs:
-            return "top_logprobs: only the sampled tokens' log-probs are returned"
+        """Why the request cannot be answered as asked, naming the field; None when it can."""
         return None
 
 
@@ -51,13 +62,29 @@ class ChatRequest(Sampling):
     # Qwen3's switch: {"enable_thinking": false} renders an empty thought, as its template does.
     chat_template_kwargs: dict[str, Any] | None = None
 
+    def unsupported(self) -> str | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs: needs logprobs true"
+        return None
+
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] = ""
     model: str | None = None
-    # The completions API's logprobs is a count of alternatives: any number returns the sampled tokens'.
+    # The completions API's logprobs is a count of alternatives: the sampled tokens' log-probs, and that
+    # many alternatives of each (``top_logprobs``, given, takes precedence).
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool | None = False
+
+    def top(self) -> int:
+        return self.top_logprobs if self.top_logprobs is not None else self.logprobs or 0
+
+    def unsupported(self) -> str | None:
+        if self.echo:
+            return "echo: the prompt is not echoed (return_token_ids gives its ids)"
+        if self.top_logprobs and self.logprobs is None:
+            return "top_logprobs: needs logprobs"
+        return None
 
 
 class FinishRequest(Struct):
