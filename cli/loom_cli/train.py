@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loom import bus, lifecycle, policy
 from loom.envs import coin, registry, tasksets
 from loom.protocol import SamplingParams, StreamSpec
+from loom.protocol.messages import TERMINAL_JOB_STATES
 from loom.trainer.client import StreamClient
 from loom.trainer.coin_warmstart import coin_warm_start, demonstration
 from loom.trainer.grpo import GRPOConfig
@@ -372,7 +373,7 @@ def score_heldout(
             }
         )
         deadline = time.monotonic() + 900
-        while job["state"] not in ("completed", "cancelled", "failed"):
+        while job["state"] not in TERMINAL_JOB_STATES:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"held-out eval {job['id']} did not finish")
             time.sleep(0.5)

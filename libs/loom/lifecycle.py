@@ -48,17 +48,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def terminated() -> bool:
-    """Whether this process got SIGTERM. asyncio.run turns the signal into one cancellation of its main task,
-    and code that suppresses CancelledError while it waits on a task of its own (``task.cancel(); with
-    suppress(CancelledError): await task``, in Loom and in libraries) swallows it if it lands there: the
-    command then goes on as if nothing happened (``loom train`` once trained on and started its next mode). A
-    long command checks this between its stages and stops."""
-    return _terminated
-
-
 def stop_if_terminated() -> None:
-    """KeyboardInterrupt, the Ctrl-C path, if this process got SIGTERM."""
+    """KeyboardInterrupt, the Ctrl-C path, if this process got SIGTERM. asyncio.run turns the signal into one
+    cancellation of its main task, and code that suppresses CancelledError while it waits on a task of its own
+    (``task.cancel(); with suppress(CancelledError): await task``, in Loom and in libraries) swallows it if it
+    lands there: the command then goes on as if nothing happened (``loom train`` once trained on and started
+    its next mode). A long command calls this between its stages."""
     if _terminated:
         raise KeyboardInterrupt("SIGTERM")
 

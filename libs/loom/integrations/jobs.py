@@ -12,8 +12,6 @@ import httpx
 
 from loom.protocol import Trajectory, from_json
 
-FINAL = ("completed", "cancelled", "failed")
-
 
 def checked(r: httpx.Response) -> Any:
     """The answer's JSON; an answer of 400 or more as a RuntimeError that says what Loom said."""

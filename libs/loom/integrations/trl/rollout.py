@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 
-from loom.integrations.jobs import FINAL, checked, collect, slots
+from loom.integrations.jobs import checked, collect, slots
 from loom.protocol import Trajectory
+from loom.protocol.messages import TERMINAL_JOB_STATES
 from loom.tokenizer import ENDOFTEXT
 from loom.trainer.grpo import flatten
 
@@ -138,7 +139,7 @@ class LoomRollout:
         """Submit the job, wait for it, and return its trajectories as rows in (group, sample) order."""
         job = checked(self.http.post("/v1/jobs", json=spec))
         deadline = time.monotonic() + self.timeout_s
-        while job["state"] not in FINAL:
+        while job["state"] not in TERMINAL_JOB_STATES:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Loom job {job['id']} did not finish in {self.timeout_s:.0f} s")
             time.sleep(0.2)

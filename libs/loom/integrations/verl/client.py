@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 
-from loom.integrations.jobs import FINAL, checked, collect
+from loom.integrations.jobs import checked, collect
 from loom.protocol import Trajectory
+from loom.protocol.messages import TERMINAL_JOB_STATES
 
 
 def connect(url: str, token: str) -> httpx.AsyncClient:
@@ -26,7 +27,7 @@ async def run_job(
     job = checked(await http.post("/v1/jobs", json=spec))
     try:
         deadline = time.monotonic() + timeout_s
-        while job["state"] not in FINAL:
+        while job["state"] not in TERMINAL_JOB_STATES:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Loom job {job['id']} did not finish in {timeout_s:.0f} s")
             await asyncio.sleep(0.2)
