@@ -111,11 +111,13 @@ async def call_model(
     stop: list[str] | None = None,
     stop_token_ids: list[int] | None = None,
     top_logprobs: int = 0,
+    forced_ids: list[int] | None = None,
 ) -> ModelCall:
     """Generate through the router; an engine abort ends the trajectory (TrajectoryAborted).
 
-    ``ignore_eos`` when no token ids are sent: a lengths-only call (a replay or a scripted action) must
-    produce exactly the tokens it stands for. ``sample`` > 0 names another sample of the same call (an
+    ``ignore_eos`` when no token ids are sent or the reply is forced: a lengths-only call (a replay) and a
+    scripted reply (``forced_ids``, scored by the engine as its output) must produce exactly the tokens they
+    stand for. ``sample`` > 0 names another sample of the same call (an
     external agent's ``n``): a request of its own, ``rid`` suffixed ``.s<sample>``."""
     t0 = ctx.clock.now()
     sampling = sampling or work.sampling
@@ -128,7 +130,7 @@ async def call_model(
         input_len=max(1, input_len),
         max_new_tokens=max(1, max_new_tokens),
         input_ids=input_ids,
-        ignore_eos=input_ids is None,
+        ignore_eos=input_ids is None or forced_ids is not None,
         priority=priority,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
@@ -137,6 +139,7 @@ async def call_model(
         stop=stop or None,
         stop_token_ids=stop_token_ids or None,
         top_logprobs=top_logprobs,
+        forced_ids=forced_ids,
     )
     res = await ctx.gen.generate(req)
     if res.finish_reason == "abort":

@@ -117,10 +117,8 @@ async def _episode(
             return steps, "max_tokens"
         scripted = tok.encode(script[k], disallowed_special=()) if script is not None else None
         want = len(scripted) if scripted is not None else min(budget, work.max_turn_tokens or budget)
-        # A real engine needs the tokens; a scripted rollout only their count.
-        mc = await call_model(
-            ctx, work, k, len(ids), min(want, budget), priority, None if scripted is not None else ids
-        )
+        # A scripted reply is forced: the engine scores it as its output (its log-probs under the model).
+        mc = await call_model(ctx, work, k, len(ids), min(want, budget), priority, ids, forced_ids=scripted)
         res = mc.res
         generated += res.output_len
         if script is not None and scripted is not None:

@@ -217,7 +217,8 @@ class EnvManager:
             if loop == "external":
                 return await run_external(w, self.ctx)
             if loop == "user":
-                cls = await asyncio.to_thread(env_class, w.env)  # a first import runs the module's top level
+                # A library's environment class, or a user's by import path (a first import runs its top level).
+                cls = await asyncio.to_thread(registry.user_class, w.env, env_class)
                 pool = await self.sandboxes.get() if needs_sandbox(cls) else None
                 return await run_user_env(w, self.ctx, cls, pool)
             pool = await self.sandboxes.get() if registry.needs_sandbox(w.env) else None

@@ -9,12 +9,16 @@ Only this process imports the environment's code, and only from modules the oper
 (``loom.allowlist``). A reset that fails transiently (``EnvError``, a sandbox error, a timeout) is retried on
 a fresh instance; a step only on ``EnvError``, which the environment raises where a retry is safe. Anything
 else fails this trajectory alone, with the reason.
+
+A scripted job's replies are the environment's ``reference_action()`` at each turn, forced through the engine
+(``forced_ids``): the trajectory records them with the engine's log-probs of them, as a sampled one would be.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import math
 import time
@@ -29,6 +33,7 @@ from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
+from loom.tokenizer import IM_END
 from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.env_loop import with_retries
 from services.envmgr.prediction import await_prediction, predict
@@ -172,7 +177,8 @@ async def _episode(
         if budget <= 0:
             return steps, "max_tokens", rewards, info
         want = min(budget, work.max_turn_tokens or budget)
-        mc = await call_model(ctx, work, k, len(ids), want, priority, ids)
+        forced = await _scripted_reply(work, env, k) if work.scripted else None
+        mc = await call_model(ctx, work, k, len(ids), want, priority, ids, forced_ids=forced)
         out_ids = mc.res.output_ids
         if out_ids is None:
             raise EnvError("the engine returned no token ids")
@@ -203,6 +209,19 @@ async def _episode(
         ids += out_ids
         ids += new_ids
     return steps, "max_turns", rewards, info
+
+
+async def _scripted_reply(work: TrajWork, env: Any, k: int) -> list[int]:
+    """A scripted turn's reply: the environment's ``reference_action()`` now (it may depend on what the
+    environment said so far), as the ids of a reply that ends its turn, for the engine to score as its own."""
+    ref = getattr(env, "reference_action", None)
+    if ref is None:
+        raise EnvBroken(f"{work.env} has no reference_action() to script replies with")
+    call = ref() if inspect.iscoroutinefunction(ref) else asyncio.to_thread(ref)
+    value = await _guarded(f"reference_action at step {k}", work.tool_timeout_s, call)
+    if not isinstance(value, str) or not value:
+        raise EnvBroken(f"reference_action must return a non-empty string, not {value!r}")
+    return [*chat.encode(value), IM_END]
 
 
 def _reward(value: Any, k: int) -> float | None:

@@ -248,6 +248,7 @@ class RolloutWorker:
             stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             top_logprobs=req.top_logprobs,
+            forced_ids=req.forced_ids,
         )
         reply: GenResult | GenError
         try:

@@ -47,12 +47,12 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
         kind, _ = registry.resolve(spec.env)
     except ValueError as e:
         raise SpecError(["env"], str(e)) from e
+    if isinstance(kind, registry.Library):
+        return _library_tasks(spec)
     if kind.loop in ("user", "external"):
         return _record_tasks(spec)
     if spec.dataset is not None and spec.dataset.name == "jsonl":
         raise SpecError(["dataset", "name"], f"a jsonl task set feeds user environments, not {spec.env!r}")
-    if isinstance(kind, registry.Library):
-        return _library_tasks(spec)
     if kind.loop != "replay":
         return _env_tasks(spec)
     path = spec.dataset.path if spec.dataset is not None and spec.dataset.path else default_traces

@@ -186,7 +186,8 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
 
 def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: Path) -> None:
     """`reasoning_gym:<dataset>` (loom.envs.adapters.reasoning_gym): the tasks come from the library's
-    generator, scripted replies give the item's own answer, and the dataset's score_answer is the reward."""
+    generator, scripted replies give the item's own answer (with the engine's log-probs of it), and the
+    dataset's score_answer is the reward."""
     reasoning_gym = pytest.importorskip("reasoning_gym")
     from loom.envs.adapters import reasoning_gym as rg
 
@@ -230,6 +231,8 @@ def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: P
             # The prompt's ids as the built-in environments encode theirs; the reply's ids as scripted.
             assert step["prompt_ids"] == transcript.encode(rg.prompt(items[int(t["task_id"])]))
             assert step["output_ids"] == tok.encode(step["action"], disallowed_special=())
+            # Forced through the engine: the scripted reply's log-probs under the model, as a sampled one's.
+            assert len(step["output_logprobs"]) == len(step["output_ids"]), step
             assert t["info"]["verdict"]["answer"] in step["action"]
     job = loom_up.wait_job(free, timeout=300)
     assert job["completed"] == 4 and job["failed"] == 0, job

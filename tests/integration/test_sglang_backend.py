@@ -229,6 +229,42 @@ async def test_log_probs_come_back_one_per_output_token(backend: tuple[SimServer
     assert status == 400
 
 
+async def test_a_forced_reply_is_scored_by_a_prefill_only_request(
+    backend: tuple[SimServer, SGLangEngine],
+) -> None:
+    """Teacher forcing on SGLang: the context and the reply go as one prefill (max_new_tokens 0) whose input
+    log-probs from the context's last position are the reply's; nothing is decoded."""
+    server, client = backend
+    ctx, reply = [5, 6, 7, 8], [40, 41, 42]
+    forced = EngineRequest(
+        rid="forced.0",
+        input_len=4,
+        max_new_tokens=8,
+        input_ids=ctx,
+        return_logprob=True,
+        top_logprobs=2,
+        forced_ids=reply,
+    )
+    generated = server.engine.load().generated_tokens
+    out = await client.generate(forced)
+    assert out.output_ids == reply and out.output_len == 3 and out.finish_reason == "length"
+    assert out.output_logprobs is not None and len(out.output_logprobs) == 3
+    assert all(lp <= 0 for lp in out.output_logprobs)
+    assert out.output_top_logprobs is not None
+    assert all(len(row) == 2 and t in [a for a, _ in row] for t, row in zip(reply, out.output_top_logprobs))
+    assert server.engine.load().generated_tokens == generated  # a prefill: no token decoded
+    # The same as scoring the whole sequence by hand.
+    body = {
+        "input_ids": ctx + reply,
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 3,
+    }
+    _, text = await _post(server.url + "/generate", body)
+    triples = json.loads(text)["meta_info"]["input_token_logprobs"]
+    assert [t[0] for t in triples[1:]] == out.output_logprobs
+
+
 async def test_a_two_phase_update_changes_the_reported_version(
     backend: tuple[SimServer, SGLangEngine],
 ) -> None:

@@ -45,7 +45,13 @@ def test_a_library_is_one_table_entry_and_one_adapter_module(monkeypatch: pytest
     spec = msgspec.convert({"env": "toy:say", "dataset": {"offset": 1}, "scripted": True}, JobSpec)
     tasks = resolve_tasks(spec, None)
     assert [t.id for t in tasks] == ["1", "2"]
-    assert tasks[0].data == {"set": "toy:say", "params": {"size": 3}, "prompt": "say 1", "prompt_tokens": 3}
+    assert tasks[0].data == {
+        "set": "toy:say",
+        "task_id": "1",
+        "params": {"size": 3},
+        "prompt": "say 1",
+        "prompt_tokens": 3,
+    }
     assert registry.task_of(tasks[0]) == {"question": "say 1", "answer": "1"}
     env = registry.make("toy:say", tasks[1], None, 1.0)
     script = registry.reference_actions("toy:say", tasks[1])

@@ -302,3 +302,28 @@ def test_rollout_service_builds_it(models, monkeypatch: pytest.MonkeyPatch) -> N
     engine = make_engine(None, RolloutSettings(max_running=4))  # type: ignore[arg-type]
     assert isinstance(engine, HFEngine) and engine.weight_version == "7"
     assert (engine.info.kind, engine.info.gpu, engine.info.max_running) == ("hf", "cpu", 4)
+
+
+async def test_a_forced_reply_scores_as_the_sampled_one_did(engine_at) -> None:
+    """Teacher forcing (a scripted reply): forcing what the engine sampled gives back the ids, the log-probs
+    and the alternatives it sampled them with, and the request ends there, alongside sampled ones."""
+    engine = await engine_at()
+    sampled = await engine.generate(req("s", PROMPTS[1], 12, temperature=0.7, top_logprobs=3))
+    assert sampled.output_ids is not None and sampled.output_logprobs is not None
+    forced, other = await asyncio.gather(
+        engine.generate(
+            req("f", PROMPTS[1], 12, temperature=0.7, top_logprobs=3, forced_ids=sampled.output_ids)
+        ),
+        engine.generate(req("o", PROMPTS[2], 9)),
+    )
+    assert forced.output_ids == sampled.output_ids and forced.finish_reason == "length"
+    assert forced.output_logprobs == pytest.approx(sampled.output_logprobs, abs=1e-4)
+    assert forced.output_top_logprobs is not None and sampled.output_top_logprobs is not None
+    for a, b in zip(forced.output_top_logprobs, sampled.output_top_logprobs, strict=True):
+        assert [t for t, _ in a] == [t for t, _ in b]
+    assert other.output_len == 9
+    # max_new_tokens cuts a forced reply as it would a sampled one.
+    short = await engine.generate(req("c", PROMPTS[1], 5, forced_ids=sampled.output_ids))
+    assert short.output_ids == sampled.output_ids[:5] and short.output_len == 5
+    with pytest.raises(ValueError, match="forced_ids"):
+        await engine.generate(req("bad", PROMPTS[1], 5, forced_ids=[-1]))

@@ -541,6 +541,26 @@ async def test_concurrent_generates_complete(engine: SimEngine) -> None:
     assert engine.load().running == 0
 
 
+async def test_a_forced_reply_runs_as_a_generation_of_its_length(engine: SimEngine) -> None:
+    """A scripted reply (``forced_ids``) costs what generating it would and comes back with its own ids and
+    log-probs, the same for the same context and reply."""
+    ctx, reply = [7, 8, 9], [100, 101, 102, 103]
+
+    def forced(rid: str, n: int = 8, **kw: object) -> EngineRequest:
+        return EngineRequest(
+            rid, 3, n, input_ids=ctx, ignore_eos=True, return_logprob=True, forced_ids=reply, **kw
+        )  # type: ignore[arg-type]
+
+    a, b = await asyncio.gather(engine.generate(forced("a")), engine.generate(forced("b", top_logprobs=3)))
+    assert a.output_ids == b.output_ids == reply and a.output_len == 4 and a.decode_s > 0
+    assert a.output_logprobs == b.output_logprobs and len(a.output_logprobs or []) == 4
+    assert b.output_top_logprobs is not None and all(
+        t in [x for x, _ in row] for t, row in zip(reply, b.output_top_logprobs)
+    )
+    cut = await engine.generate(forced("c", n=2))
+    assert cut.output_ids == reply[:2] and len(cut.output_logprobs or []) == 2
+
+
 async def test_cancelling_generate_aborts_the_request(engine: SimEngine) -> None:
     task = asyncio.create_task(engine.generate(EngineRequest("long", 1000, 200_000)))
     await asyncio.sleep(0.02)

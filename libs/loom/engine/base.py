@@ -39,6 +39,11 @@ class EngineRequest:
     stop_token_ids: list[int] | None = None
     # Also return each output token's ``top_logprobs`` most likely alternatives (0: none).
     top_logprobs: int = 0
+    # Teacher forcing: the output is these tokens, not sampled ones (a scripted reply), and each one's
+    # log-probability is that of the model given ``input_ids`` and the forced tokens before it, under the
+    # request's temperature where the engine can. ``max_new_tokens`` caps them (the reply is cut there, as a
+    # sampled one would be); ``finish_reason`` is "length".
+    forced_ids: list[int] | None = None
 
 
 @dataclass

@@ -8,7 +8,9 @@ futures) is touched only on the event loop.
 
 A request's ``stop_token_ids`` end it as its end-of-turn token does (the token kept); its ``top_logprobs`` are
 the most likely tokens of each step under the distribution its token was sampled from (temperature-scaled,
-before top-p), as its log-probs are. Stop strings are the caller's to apply: the engine has no tokenizer.
+before top-p), as its log-probs are. Stop strings are the caller's to apply: the engine has no tokenizer. A
+teacher-forced request (``forced_ids``, a scripted reply) is scored in one forward pass where it would have
+been prefilled, with the log-probs and alternatives a sampled reply would have had, and finishes there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from transformers import PreTrainedModel
 
 from loom import policy
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
-from loom.engine.hf_batch import BatchKV, FinishReason, Seq, prefill, request_generator, sample_with_top
+from loom.engine.hf_batch import (
+    BatchKV,
+    FinishReason,
+    Seq,
+    prefill,
+    request_generator,
+    sample_with_top,
+    score,
+)
 
 __all__ = ["HFEngine"]
 
@@ -191,6 +201,10 @@ class HFEngine:
             raise ValueError(f"{req.rid}: token ids must lie in [0, {config.vocab_size})")
         if not 0 <= req.top_logprobs <= config.vocab_size:
             raise ValueError(f"{req.rid}: top_logprobs must lie in [0, {config.vocab_size}]")
+        if req.forced_ids is not None and (
+            not req.forced_ids or min(req.forced_ids) < 0 or max(req.forced_ids) >= config.vocab_size
+        ):
+            raise ValueError(f"{req.rid}: forced_ids must be token ids in [0, {config.vocab_size})")
         if req.max_new_tokens < 0 or req.temperature < 0 or not 0 < req.top_p <= 1:
             raise ValueError(f"{req.rid}: needs max_new_tokens >= 0, temperature >= 0 and 0 < top_p <= 1")
         total = len(req.input_ids) + req.max_new_tokens
@@ -294,6 +308,12 @@ class HFEngine:
             if seq.finish_reason is not None:  # aborted while it waited for this iteration
                 continue
             start = time.perf_counter()
+            if seq.req.forced_ids is not None:
+                # A scripted reply: scored in one pass, done at once (it never joins the decode batch).
+                score(model, seq, seq.req.forced_ids[: seq.req.max_new_tokens])
+                seq.prefilled = time.perf_counter()
+                seq.prefill_s = seq.prefilled - start
+                continue
             cache, logits = prefill(model, seq.prompt)
             self._emit([seq], logits[None])
             seq.prefilled = time.perf_counter()

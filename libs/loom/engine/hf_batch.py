@@ -64,6 +64,8 @@ class Seq:
         self.output_ids.append(token)
         if self.finish_reason is not None:
             return
+        if self.req.forced_ids is not None:
+            return  # a forced reply runs to its end (``score`` finishes it)
         if (token in STOP_IDS and not self.req.ignore_eos) or token in (self.req.stop_token_ids or ()):
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.req.max_new_tokens:
@@ -75,6 +77,28 @@ def prefill(model: PreTrainedModel, ids: list[int]) -> tuple[DynamicCache, torch
     cache = DynamicCache(config=model.config)
     out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return cache, out.logits[0, -1]
+
+
+def score(model: PreTrainedModel, seq: Seq, forced: list[int]) -> None:
+    """Teacher forcing: one forward pass over the prompt and ``forced``, appending each forced token with its
+    log-prob (and top alternatives) under the temperature-scaled distribution a sampled token would have had
+    at its position (``_sample``'s)."""
+    n = len(seq.prompt)
+    out = model(input_ids=torch.tensor([seq.prompt + forced[:-1]]), logits_to_keep=len(forced))
+    logits = out.logits[0].float()
+    temp = seq.req.temperature if seq.req.temperature > 0 else 1.0
+    logps = torch.log_softmax(logits / temp if temp != 1.0 else logits, dim=-1)
+    picked = logps[torch.arange(len(forced)), torch.tensor(forced)].tolist()
+    k = seq.req.top_logprobs
+    tops: list[list[tuple[int, float]] | None] = [None] * len(forced)
+    if k > 0:
+        vals, idx = logps.topk(min(k, logps.shape[-1]), dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+    assert n > 0
+    for token, lp, top in zip(forced, picked, tops, strict=True):
+        seq.append(token, lp, top)
+    if seq.finish_reason is None:
+        seq.finish_reason = "length"
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:

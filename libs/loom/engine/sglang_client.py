@@ -10,7 +10,8 @@ top-p/top-k truncation); a server started with ``SGLANG_RETURN_ORIGINAL_LOGPROB=
 logits instead (python/sglang/srt/layers/sampler.py upstream). ``top_logprobs`` is SGLang's
 ``top_logprobs_num``, read back from ``meta_info.output_top_logprobs``. ``stop`` and ``stop_token_ids`` go in
 the sampling params as SGLang names them: it ends the output at the token that completes a stop string or is
-a stop id, and keeps that token in ``output_ids``.
+a stop id, and keeps that token in ``output_ids``. A teacher-forced request (``forced_ids``) is a prefill-only
+request whose input log-probs are the forced reply's (``_forced``).
 
 Weights: SGLang loads a checkpoint in place (``/update_weights_from_disk``) and has no separate check, so
 ``prepare_weights`` only records the path and ``commit_weights`` loads it; a load that fails keeps the old
@@ -131,6 +132,8 @@ class SGLangEngine:
         key = req.prefix_key or req.rid
         ids = req.input_ids if req.input_ids is not None else self._contexts.build(key, req.input_len)
         rid = wire_rid(req.rid)
+        if req.forced_ids is not None:
+            return await self._forced(req, ids, rid)
         # Not streamed: SGLang's stream resends every token so far in each chunk (quadratic in the output)
         # unless started with --incremental-streaming-output, and the Engine interface reports only the end.
         body: dict[str, Any] = {
@@ -159,6 +162,13 @@ class SGLangEngine:
             # for ordering. (SGLang preempts a running request only for a priority higher by more than
             # --priority-scheduling-preemption-threshold, 10 by default.)
             body["priority"] = self._priority_sign * round(req.priority)
+        out = await self._post_generate(rid, body)
+        result = self._output(req.rid, out, req.return_logprob, req.top_logprobs)
+        if req.input_ids is None:  # live requests carry the real context; replayed ones repeat this one
+            self._contexts.remember(key, ids + (result.output_ids or []))
+        return result
+
+    async def _post_generate(self, rid: str, body: dict[str, Any]) -> Any:
         self._inflight.add(rid)
         try:
             out = await self._json("POST", "/generate", body)
@@ -171,9 +181,61 @@ class SGLangEngine:
             self._inflight.discard(rid)
         if self._stale_cache and not self._inflight and not self._paused:
             await self._flush_stale_cache()
-        result = self._output(req.rid, out, req.return_logprob, req.top_logprobs)
-        if req.input_ids is None:  # live requests carry the real context; replayed ones repeat this one
-            self._contexts.remember(key, ids + (result.output_ids or []))
+        return out
+
+    async def _forced(self, req: EngineRequest, ids: list[int], rid: str) -> EngineOutput:
+        """Teacher forcing as SGLang scores a text: a prefill-only request (``max_new_tokens`` 0) of the context
+        and the forced reply, whose ``input_token_logprobs`` from ``logprob_start_len`` = the context's last
+        position on are the reply's (the first entry, that position's own, has none). They are temperature-
+        scaled as sampled tokens' are (the logits processor's ``compute_temp_top_p_normalized_logprobs``)."""
+        assert req.forced_ids is not None
+        forced = list(req.forced_ids[: req.max_new_tokens])
+        body: dict[str, Any] = {
+            "rid": rid,
+            "input_ids": ids + forced,
+            "sampling_params": {"max_new_tokens": 0, "temperature": req.temperature, "top_p": req.top_p},
+            "return_logprob": True,
+            "logprob_start_len": len(ids) - 1,
+            "stream": False,
+        }
+        if req.top_logprobs:
+            body["top_logprobs_num"] = req.top_logprobs
+        if self._priority_sign:
+            body["priority"] = self._priority_sign * round(req.priority)
+        out = await self._post_generate(rid, body)
+        meta = out["meta_info"]
+        queue_s, prefill_s, decode_s = _phases(meta)
+        result = EngineOutput(
+            rid=req.rid,
+            output_len=len(forced),
+            finish_reason="length",
+            output_ids=forced,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            weight_version=str(meta.get("weight_version") or self.weight_version),
+        )
+        if (meta.get("finish_reason") or {}).get("type") == "abort":
+            result.finish_reason, result.output_len, result.output_ids = "abort", 0, []
+            return result
+        triples = meta.get("input_token_logprobs") or []
+        if [int(t[1]) for t in triples] != [ids[-1], *forced]:
+            raise SGLangError(
+                f"{self.url}: the input log-probs of request {rid!r} are not those of its forced reply"
+            )
+        if req.return_logprob:
+            result.output_logprobs = [float(t[0]) for t in triples[1:]]
+        if req.top_logprobs:
+            # A row per position from logprob_start_len; the first (the context's last position) may be left out.
+            rows = list(meta.get("input_top_logprobs") or [])
+            if len(rows) == len(triples):
+                rows = rows[1:]
+            if len(rows) != len(forced):
+                raise SGLangError(
+                    f"{self.url}: request {rid!r} got no input_top_logprobs for its forced reply"
+                )
+            result.output_top_logprobs = [[(int(t[1]), float(t[0])) for t in row or ()] for row in rows]
         return result
 
     async def abort(self, rid: str) -> bool:

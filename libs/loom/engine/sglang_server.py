@@ -325,6 +325,12 @@ class _SimServer:
             meta["input_token_logprobs"] = [
                 [prompt[i] if i > start else None, ids[i], None] for i in range(start, len(ids))
             ]
+            if req.top_logprobs:
+                # As SGLang's: a row per input position from logprob_start_len, the first one empty.
+                rows = synth_top_logprobs(
+                    seed + "/intop", ids[start + 1 :], prompt[start + 1 :], req.top_logprobs
+                )
+                meta["input_top_logprobs"] = [[], *([[lp, t, None] for t, lp in row] for row in rows)]
         return {"text": "", "output_ids": output_ids, "meta_info": meta}
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:

@@ -27,7 +27,8 @@ class SimEngine:
     weights, as far as anything downstream can tell); the SGLang-compatible server over it
     (``sglang_server``) synthesizes its own the same way, keyed by the context alone. ``top_logprobs`` gives
     placeholder alternatives around each sampled token (``synth_top_logprobs``); ``stop_token_ids`` end the
-    ids at the first one (the simulated run is charged in full). Stop strings need text: the caller's.
+    ids at the first one (the simulated run is charged in full). Stop strings need text: the caller's. A
+    teacher-forced request (``forced_ids``) runs as a generation of the forced reply's length and returns it.
     """
 
     def __init__(
@@ -209,6 +210,12 @@ class SimEngine:
 
 
 def _with_ids(req: EngineRequest, out: EngineOutput) -> EngineOutput:
+    if req.forced_ids is not None:
+        # A scripted reply: the core ran it as a generation of its length (a model that wrote it); the ids
+        # are the forced ones, and their log-probs a stream keyed by the context and the reply.
+        out.output_ids = list(req.forced_ids[: out.output_len])
+        out.output_len = len(out.output_ids)
+        return _with_logprobs(req, out, f"{ids_key(req.input_ids or [])}/{ids_key(out.output_ids)}")
     if req.input_ids is None or out.output_ids is not None:
         return out
     key = f"{ids_key(req.input_ids)}/{req.rid}"
@@ -219,6 +226,11 @@ def _with_ids(req: EngineRequest, out: EngineOutput) -> EngineOutput:
         at = next((i for i, t in enumerate(out.output_ids) if t in stops), None)
         if at is not None:
             out.output_ids, out.output_len, out.finish_reason = out.output_ids[: at + 1], at + 1, "stop"
+    return _with_logprobs(req, out, key)
+
+
+def _with_logprobs(req: EngineRequest, out: EngineOutput, key: str) -> EngineOutput:
+    assert out.output_ids is not None
     if req.return_logprob or req.top_logprobs:
         lps = synth_logprobs(key + "/lp", out.output_len)
         if req.return_logprob:

@@ -19,10 +19,14 @@ that fails transiently is retried on a fresh instance) and drives it::
 
         async def close(self) -> None: ...
 
+        def reference_action(self) -> str:      # optional: the reply a scripted job gives now
+            ...
+
 ``task`` is the job's task data (an inline task's ``data``, or one record of a JSONL dataset). The prompt is
 Qwen3's chat template over the messages and ``tools``; each observation follows the model's reply as tool
 results (one ``tool`` message per call when the reply made calls, else a user turn), or as the messages
-given. The trajectory's reward is the sum of the rewards its steps returned, unless the job names a reward
+given. A job with ``scripted: true`` replies at each turn with ``reference_action()`` (sync or async; it may
+read what the environment has said so far), which the engine scores as its own output. The trajectory's reward is the sum of the rewards its steps returned, unless the job names a reward
 function. ``reset`` and ``step`` each run under the job's ``tool_timeout_s``.
 
 Failures end only their own trajectory, with the reason: raise ``EnvError`` for a transient failure that may

@@ -60,7 +60,10 @@ class ImportPath:
 
 @dataclass(frozen=True)
 class Library:
-    """A library's environments, ``<prefix>:<name>``, served by the adapter module ``adapter``."""
+    """A library's environments, ``<prefix>:<name>``, served by the adapter module ``adapter``: as
+    ``loom.envs.base.Env`` objects (``make``) on the built-in loop, or as ``loom.envs.api.Environment`` classes
+    (``environment``) on the user loop, for libraries whose environments take the model's reply as text and
+    answer with chat messages."""
 
     adapter: str
     loop: Loop = "env"
@@ -140,6 +143,16 @@ def library(env: str) -> tuple[Adapter, str] | None:
     adapter's module is imported here, the library itself not yet."""
     kind, arg = resolve(env)
     return (kind.load(), arg) if isinstance(kind, Library) else None
+
+
+def user_class(env: str, by_path: Callable[[str], Any]) -> Any:
+    """The ``loom.envs.api.Environment`` class of a user-loop environment: a library's (its adapter's
+    ``environment``), or a user's by import path (``by_path``)."""
+    lib = library(env) if ":" in env else None
+    if lib is None:
+        return by_path(env)
+    adapter, arg = lib
+    return adapter.environment(arg)
 
 
 def needs_sandbox(env: str) -> bool:
@@ -223,7 +236,13 @@ def task_specs(
         out = []
         for i in ids:
             text = adapter.statement(adapter.task(arg, used, i))
-            data = {"set": env, "params": used, "prompt": text, "prompt_tokens": count_tokens(text)}
+            data = {
+                "set": env,
+                "task_id": i,
+                "params": used,
+                "prompt": text,
+                "prompt_tokens": count_tokens(text),
+            }
             out.append(TaskSpec(id=i, data=data))
         return out
     if name is None:

@@ -78,8 +78,9 @@ class SamplingParams(Struct, forbid_unknown_fields=True):
 
     temperature: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
-    # Record the log-probability of every generated token (what an importance-weighted trainer needs).
-    logprobs: bool = False
+    # Record the log-probability of every generated token: what an importance-weighted trainer needs, so on
+    # unless a job turns it off (verl, slime and AReaL keep the rollout's log-probs too).
+    logprobs: bool = True
 
 
 Preset = Literal["heddle", "verl", "verl_star", "slime", "sglang", "round_robin"]
@@ -371,6 +372,8 @@ class GenRequest(Struct):
     stop_token_ids: list[int] | None = None
     # Also return the top alternatives of each output token (0: none), as (token id, log-prob) pairs.
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] = 0
+    # A scripted reply: the engine scores these tokens as its output instead of sampling (EngineRequest).
+    forced_ids: list[int] | None = None
 
 
 class GenAccepted(Struct, tag="accepted"):

@@ -52,7 +52,18 @@ class Adapter(Protocol):
     def statement(self, record: Any) -> str: ...
 
     def reference_actions(self, record: Any) -> list[str]:
-        """The actions that solve the task; ValueError when the record has no reference answer."""
+        """The actions that solve the task; ValueError when the record has no reference answer. On the user
+        loop a scripted reply is the Environment's ``reference_action()`` at each turn (it may depend on what the
+        environment said), and this only checks, at submission, that the task can be scripted."""
         ...
 
-    def make(self, name: str, params: Mapping[str, Any], task_id: str, timeout_s: float) -> Env: ...
+    def make(self, name: str, params: Mapping[str, Any], task_id: str, timeout_s: float) -> Env:
+        """The environment of one trajectory, for a library on the built-in loop (``Library(loop="env")``)."""
+        ...
+
+    def environment(self, name: str) -> Any:
+        """For a library on the user loop (``Library(loop="user")``): the ``loom.envs.api.Environment`` class
+        the environment manager makes per trajectory with the job's ``env_params`` (keyword arguments, and a
+        ``sandbox`` where the class sets ``needs_sandbox``). Its ``reset`` gets the task's data: ``set`` (the
+        job's env), ``task_id``, ``params`` (the parameters ``params`` returned) and ``prompt``."""
+        ...
