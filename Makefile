@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml examples/loom-guess/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	echo 'torch==2.13.0' > $(PIN)
-	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl,reasoning_gym]'
+	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl,reasoning_gym,skyrl_gym,textarena]'
 	$(PY) -m pip install -q -c $(PIN) --no-deps $(VERL_NODEPS)
 	$(PY) -m pip install -q -c $(PIN) $(VERL_DEPS)
 	# The example environments, installed as an operator installs a user's package (tests run jobs on them).

@@ -106,6 +106,7 @@ KINDS: dict[str, Kind] = {
     "replay": Special("replay"),
     "external": Special("external"),
     "reasoning_gym:": Library("loom.envs.adapters.reasoning_gym"),
+    "skyrl_gym:": Library("loom.envs.adapters.skyrl_gym", loop="user"),
     "module:Class": ImportPath(),
 }
 IMPORT_PATH = "module:Class"

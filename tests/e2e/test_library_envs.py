@@ -1,0 +1,134 @@
+"""Environments and agents of other libraries, run unchanged through `loom up` (scheduler, router, simulated
+engines, environment manager, reward): SkyRL-Gym's text environments on the user loop, and textarena's own
+OpenAIAgent playing its games through the OpenAI-compatible gateway.
+
+The simulated engines reply with random tokens, so a free-running policy earns what the library gives a
+wrong or unformatted reply; a scripted one (the task's reference reply, teacher-forced through the engine)
+shows that the library's reward reaches the trajectory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loom import chat
+from tests.e2e.conftest import LoomUp
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+ROOT = Path(__file__).parents[2]
+
+
+def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
+    f = tmp_path / "job.json"
+    f.write_text(json.dumps(spec))
+    r = up.cli("submit", str(f))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(json.loads(r.stdout)["id"])
+
+
+def _results(up: LoomUp, tmp_path: Path, job_id: str) -> list[dict[str, Any]]:
+    out = tmp_path / f"{job_id}.ndjson"
+    r = up.cli("results", job_id, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _every_step_has_ids_and_logprobs(t: dict[str, Any]) -> None:
+    assert t["steps"], t
+    for s in t["steps"]:
+        assert s["prompt_ids"] and s["output_ids"], s
+        assert s["output_logprobs"] is not None and len(s["output_logprobs"]) == len(s["output_ids"]), s
+
+
+# ---------------------------------------------------------------- SkyRL-Gym (loom.envs.adapters.skyrl_gym)
+
+
+def test_skyrl_gym_gsm8k_multi_turn_runs_unchanged(loom_up: LoomUp, tmp_path: Path) -> None:
+    """`skyrl_gym:gsm8k_multi_turn` on Loom's GSM8K tasks: every trajectory's steps carry the engine's ids and
+    log-probs, and its reward is the sum of the library's turn rewards; scripted replies score above 0."""
+    pytest.importorskip("skyrl_gym")
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    for env, words in [
+        ("skyrl_gym:gsm8k_multiturn", "did you mean gsm8k_multi_turn"),
+        ("skyrl_gym:text2sql", "which Loom does not ship"),
+    ]:
+        r = api.post("/v1/jobs", json={"env": env, "dataset": {"limit": 4}, "group_size": 2})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
+        assert words in r.text
+    spec = {"env": "skyrl_gym:gsm8k_multi_turn", "dataset": {"limit": 4}, "group_size": 2}
+    free = _submit(loom_up, tmp_path, spec)
+    scripted = _submit(loom_up, tmp_path, {**spec, "scripted": True})
+    # With no max_turn_tokens the simulated engine spends the whole token budget in one reply; short turns
+    # play SkyRL's episode out: a wrong reply is asked again, up to the environment's max_turns.
+    turns = _submit(
+        loom_up,
+        tmp_path,
+        {**spec, "dataset": {"limit": 2}, "env_params": {"max_turns": 3}, "max_turn_tokens": 16},
+    )
+    ids = {f"gsm8k-test/{i}" for i in range(4)}
+    for job_id in (free, scripted):
+        job = loom_up.wait_job(job_id, timeout=600)
+        assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
+        trajs = _results(loom_up, tmp_path, job_id)
+        assert len(trajs) == 8 and {t["task_id"] for t in trajs} == ids
+        for t in trajs:
+            assert t["status"] == "completed" and t["env"] == "skyrl_gym:gsm8k_multi_turn", t
+            _every_step_has_ids_and_logprobs(t)
+            verdict = t["info"]["verdict"]
+            assert len(verdict["rewards"]) == len(t["steps"]) <= 5
+            assert t["reward"] == pytest.approx(sum(verdict["rewards"]))
+            # The first prompt is Qwen3's template over SkyRL's first message: the question and its instruction.
+            first = chat.decode(t["steps"][0]["prompt_ids"])
+            assert first.startswith("<|im_start|>user\n") and 'tentative numeric answer after "####"' in first
+            if job_id == scripted:
+                # The worked solution, scored 1.0 by SkyRL's reward function, ends the episode at once.
+                (step,) = t["steps"]
+                assert t["reward"] > 0 and t["reward"] == 1.0 and t["finish_reason"] == "done", t["info"]
+                assert "####" in step["action"]
+    job = loom_up.wait_job(turns, timeout=300)
+    assert job["state"] == "completed" and job["completed"] == 4 and job["failed"] == 0, job
+    for t in _results(loom_up, tmp_path, turns):
+        _every_step_has_ids_and_logprobs(t)
+        # Random replies earn no reward (nor the format's share), so SkyRL's episode runs to its max_turns.
+        assert len(t["steps"]) == 3 and t["finish_reason"] == "done", t["info"]
+        assert t["info"]["verdict"]["rewards"] == [0.0, 0.0, 0.0] and t["reward"] == 0.0
+        # Each later prompt is only what follows the engine's reply: SkyRL's message as a user turn.
+        asked = chat.decode(t["steps"][2]["prompt_ids"])
+        assert "<|im_start|>user\nNow provide only the final numeric answer" in asked
+        assert asked.endswith("<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------- textarena (examples/textarena/play.py)
+
+
+def test_textarenas_openai_agent_plays_through_the_gateway(loom_up: LoomUp) -> None:
+    """examples/textarena/play.py: textarena's unmodified OpenAIAgent plays GuessTheNumber in eight sessions
+    to `finish`; every call is a step of the session's trajectory with the engine's ids and log-probs, and the
+    game's outcome is the reward."""
+    pytest.importorskip("textarena")
+    token = (loom_up.home / "api_token").read_text().strip()
+    script = ROOT / "examples" / "textarena" / "play.py"
+    cmd = [sys.executable, str(script), "--api", loom_up.api, "--token", token, "--games", "4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["sessions"] == 8
+    job = loom_up.wait_job(out["job"], timeout=120)
+    assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    trajs = {t["traj_id"]: t for t in api.get(f"/v1/jobs/{out['job']}/trajectories").json()["items"]}
+    assert len(trajs) == 8
+    for game in out["games"]:
+        t = trajs[game["traj_id"]]
+        assert t["status"] == "completed" and t["reward"] == pytest.approx(game["reward"]), t
+        # One model call per move the agent made, each a fresh chat of textarena's system prompt and board.
+        assert len(t["steps"]) == game["turns"]
+        _every_step_has_ids_and_logprobs(t)
+        assert all(len(s["output_ids"]) <= 16 for s in t["steps"])
+        assert "Guess The Number" in chat.decode(t["steps"][0]["prompt_ids"])
