@@ -1,4 +1,4 @@
-"""``loom sim-server``: the simulated engine behind an SGLang-compatible HTTP API."""
+"""``loom sim-server``: the simulated engine behind SGLang's or vLLM's HTTP API."""
 
 from __future__ import annotations
 
@@ -6,16 +6,26 @@ import argparse
 import asyncio
 
 from loom import logs
-from loom.engine.sglang_server import serve
+
+# Each API's default port, as its own server picks it.
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "sim-server",
-        help="serve the simulated engine over SGLang's HTTP API (for LOOM_ROLLOUT_ENGINE=sglang)",
+        help="serve the simulated engine over SGLang's or vLLM's HTTP API (LOOM_ROLLOUT_ENGINE=sglang|vllm)",
+    )
+    p.add_argument(
+        "--api",
+        choices=tuple(DEFAULT_PORTS),
+        default="sglang",
+        help="whose HTTP API to serve: SGLang's native one, or vLLM's OpenAI-compatible one with its dev routes",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000, help="SGLang's default port; 0 picks a free one")
+    p.add_argument(
+        "--port", type=int, help="default: the API's own (SGLang 30000, vLLM 8000); 0 picks a free one"
+    )
     p.add_argument("--model", default="qwen3-8b")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
@@ -25,5 +35,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     logs.configure("sim-server", "INFO")
-    asyncio.run(serve(args.host, args.port, args.model, args.gpu, args.tp, args.speed))
+    if args.api == "vllm":
+        from loom.engine.vllm_server import serve
+    else:
+        from loom.engine.sglang_server import serve
+    port = DEFAULT_PORTS[args.api] if args.port is None else args.port
+    asyncio.run(serve(args.host, port, args.model, args.gpu, args.tp, args.speed))
     return 0

@@ -19,6 +19,15 @@ def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
 
         # The server decides tp and max_running; the worker reports what it finds there.
         return SGLangEngine(s.sglang_url, model=s.model, gpu=s.gpu)
+    if s.engine == "vllm":
+        if not s.vllm_url:
+            raise ValueError(
+                "LOOM_ROLLOUT_ENGINE=vllm needs LOOM_ROLLOUT_VLLM_URL, the vLLM server's base URL"
+            )
+        from loom.engine.vllm_client import VLLMEngine
+
+        # As with SGLang, the server decides tp and max_running (max_num_seqs).
+        return VLLMEngine(s.vllm_url, model=s.model, gpu=s.gpu)
     if s.engine == "hf":
         if not s.model_path:
             raise ValueError(

@@ -12,9 +12,11 @@ class RolloutSettings(LoomSettings):
     model_config = SettingsConfigDict(env_prefix="LOOM_ROLLOUT_", populate_by_name=True, extra="ignore")
 
     worker_id: str = Field("w0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    engine: Literal["sim", "sglang", "hf"] = "sim"
+    engine: Literal["sim", "sglang", "vllm", "hf"] = "sim"
     # Base URL of the SGLang server this worker drives (engine "sglang"), e.g. http://127.0.0.1:30000.
     sglang_url: str | None = None
+    # Base URL of the vLLM server this worker drives (engine "vllm"), e.g. http://127.0.0.1:8000.
+    vllm_url: str | None = None
     # Checkpoint directory (config.json + safetensors) the transformers engine serves (engine "hf").
     model_path: str | None = None
     # The version of the weights the engine starts with (engine "hf"); fleet updates move it on.

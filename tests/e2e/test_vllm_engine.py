@@ -1,0 +1,198 @@
+"""A job through `loom up` served by a rollout worker with LOOM_ROLLOUT_ENGINE=vllm, against `loom sim-server
+--api vllm` (vLLM's HTTP API over the simulated engine): the job completes, and the server saw Loom's
+priorities, an abort and a fleet weight update.
+
+`loom up` runs its own rollout workers on the simulated engine (it sets LOOM_ROLLOUT_ENGINE for them), so it
+starts here with none, and the vLLM worker joins it as a worker beside an engine joins at scale: its own
+process, with the rollout role's NATS user and `loom up`'s clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loom import nats_auth
+from loom_cli.deploy import free_port, gather_health
+from tests.conftest import need_shared
+from tests.e2e.conftest import LOOM, LoomUp, start_loom_up
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SPEED = "50"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "sim-server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [LOOM, "sim-server", "--api", "vllm", "--port", str(port), "--speed", SPEED],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # vLLM's readiness probe
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def loom_vllm(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> Iterator[LoomUp]:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    base = tmp_path_factory.mktemp("loom")
+    up_run = start_loom_up(base, "--workers", "0")
+    up = next(up_run)
+    state = up.state()
+    users = nats_auth.stored(up.home / "nats")
+    env = {
+        **os.environ,
+        "LOOM_NATS_URL": str(state["nats_url"]),
+        "LOOM_SPEED": SPEED,
+        "LOOM_CLOCK_EPOCH": repr(state["epoch"]),
+        **nats_auth.role_env("rollout", users["rollout"]),
+        "LOOM_ROLLOUT_WORKER_ID": "vllm0",
+        "LOOM_ROLLOUT_ENGINE": "vllm",
+        "LOOM_ROLLOUT_VLLM_URL": vllm_url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    with open(base / "worker.log", "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "services.rollout"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not _serving(up, "vllm0"):
+            assert worker.poll() is None and time.monotonic() < deadline, (base / "worker.log").read_text()
+            time.sleep(0.5)
+        yield up
+    finally:
+        _stop(worker)
+        # Resumed to its end: it stops `loom up`, then checks that no user (the worker's too) was refused.
+        for _ in up_run:
+            pass
+
+
+def _serving(up: LoomUp, worker_id: str) -> bool:
+    """Whether the rollout worker answers health checks, on the vLLM engine."""
+    health = asyncio.run(gather_health(str(up.state()["nats_url"]), 0.5, up.home))
+    return any(
+        h.details.get("worker_id") == worker_id and h.details.get("engine") == "vllm"
+        for h in health["rollout"]
+    )
+
+
+def _received(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/loom/received").json()  # type: ignore[no-any-return]
+
+
+def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
+    f = tmp_path / f"job-{time.monotonic_ns()}.json"
+    f.write_text(json.dumps(spec))
+    r = up.cli("submit", str(f))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(json.loads(r.stdout)["id"])
+
+
+def test_a_job_runs_on_vllm_with_priorities_an_abort_and_a_weight_update(
+    loom_vllm: LoomUp, vllm_url: str, tmp_path: Path
+) -> None:
+    up = loom_vllm
+    api = httpx.Client(base_url=up.api, headers=up.auth, timeout=60)
+    job_id = _submit(up, tmp_path, {"dataset": {"name": "swe-replay", "limit": 2}, "group_size": 2})
+    # Replies of 20,000 tokens (the simulator has no end of sequence): seconds on the engine at this speed.
+    long = {
+        "env": "coin",
+        "dataset": {"limit": 2},
+        "group_size": 2,
+        "max_turns": 1,
+        "max_turn_tokens": 20_000,
+    }
+    doomed = _submit(up, tmp_path, long)
+    deadline = time.monotonic() + 60
+    while sum(r.startswith(f"{doomed}.") for r in _received(vllm_url)["requests"]) < 4:
+        assert time.monotonic() < deadline, _received(vllm_url)
+        time.sleep(0.2)
+    # The fleet (this one worker) moves to a checkpoint with requests running: pause, reload, label, resume.
+    ckpt = tmp_path / "ckpt-1"
+    ckpt.mkdir()
+    moved = api.post("/v1/models/qwen3-8b/weights", json={"version": 1, "path": str(ckpt)})
+    assert moved.status_code == 200, moved.text
+    # The long job is cancelled mid-flight: its requests running on the engine are aborted there.
+    assert up.cli("cancel", doomed).returncode == 0
+    job = up.wait_job(job_id, timeout=240)
+    assert job["state"] == "completed" and job["completed"] == 4 and job["failed"] == 0, job
+
+    received = _received(vllm_url)
+    # Loom's priorities, larger first, reach vLLM negated (lower first).
+    assert any(p < 0 for p in received["priorities"]), received["priorities"][:20]
+    aborted = received["aborted"]
+    assert aborted and all(r.startswith(f"cmpl-{doomed}.") for r in aborted), aborted
+    assert received["pauses"] == ["keep"] and received["resumes"] >= 1
+    assert (received["reloads"], received["versions"], received["cache_resets"]) == (
+        [str(ckpt)],
+        ["1"],
+        [True],
+    )
+    assert httpx.get(vllm_url + "/weight_info").json() == {"weight_version": "1"}
+    assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "1"
+    out = tmp_path / "results.ndjson"
+    assert up.cli("results", job_id, "-o", str(out)).returncode == 0
+    versions = {
+        s["weight_version"] for t in map(json.loads, out.read_text().splitlines()) for s in t["steps"]
+    }
+    assert "1" in versions, versions  # steps after the update carry the version vLLM labelled them with
+
+
+def test_scripted_replies_are_scored_by_vllm(loom_vllm: LoomUp, vllm_url: str, tmp_path: Path) -> None:
+    """A scripted job's replies are forced through the engine: vLLM scores them as prompt log-probs."""
+    pytest.importorskip("reasoning_gym")
+    scored = _received(vllm_url)["scored"]
+    spec = {
+        "env": "reasoning_gym:basic_arithmetic",
+        "dataset": {"limit": 2},
+        "group_size": 2,
+        "scripted": True,
+    }
+    job_id = _submit(loom_vllm, tmp_path, spec)
+    job = loom_vllm.wait_job(job_id, timeout=120)
+    assert job["state"] == "completed" and job["completed"] == 4 and job["failed"] == 0, job
+    out = tmp_path / "results.ndjson"
+    assert loom_vllm.cli("results", job_id, "-o", str(out)).returncode == 0
+    for t in map(json.loads, out.read_text().splitlines()):
+        assert t["reward"] > 0, t["info"]
+        (step,) = t["steps"]
+        assert step["output_ids"] and len(step["output_logprobs"]) == len(step["output_ids"]), step
+        assert all(lp <= 0 for lp in step["output_logprobs"])
+    assert _received(vllm_url)["scored"] == scored + 4

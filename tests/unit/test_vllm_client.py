@@ -1,0 +1,429 @@
+"""The vLLM client against the vLLM-compatible server over the simulated engine, over real HTTP; then a rollout
+worker driving that server over NATS, as it would drive a real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from nats.aio.client import Client as NATS
+
+from loom.bus import kv_key
+from loom.clock import Clock
+from loom.engine.base import EngineRequest
+from loom.engine.vllm_client import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
+from loom.engine.vllm_server import build_app, sim_engine
+from loom.genclient import GenClient
+from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
+from loom.service import Runtime
+from services.rollout.__main__ import make_engine
+from services.rollout.settings import RolloutSettings
+from services.rollout.worker import RolloutWorker
+from services.router.router import Router
+from services.router.settings import RouterSettings
+from tests.conftest import Services
+from tests.integration.helpers import until
+
+SPEED = 500.0
+MODEL = "qwen3-0.6b"
+
+
+class SimServer:
+    """The vLLM-compatible server on a free port, uvicorn in-process, over a sped-up simulated engine."""
+
+    def __init__(self, max_running: int = 64, app: FastAPI | None = None) -> None:
+        self.engine = sim_engine(MODEL, "h100", 1, Clock(SPEED), max_running=max_running)
+        self.app = app or build_app(self.engine)
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.engine.start()
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        await until(lambda: self._server.started, poll_s=0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        await self.engine.close()
+        self._sock.close()
+
+    async def received(self) -> dict[str, Any]:
+        return await _get(self.url + "/loom/received")  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def _backend(max_running: int = 64) -> AsyncIterator[tuple[SimServer, VLLMEngine]]:
+    async with SimServer(max_running) as server:
+        client = VLLMEngine(server.url, model=MODEL, poll_s=0.05)
+        await client.start()
+        try:
+            yield server, client
+        finally:
+            await client.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[tuple[SimServer, VLLMEngine]]:
+    async with _backend() as pair:
+        yield pair
+
+
+def _req(
+    rid: str,
+    n: int = 200,
+    key: str | None = None,
+    input_len: int = 1000,
+    priority: float = 0,
+    logprobs: bool = False,
+    **kw: Any,
+) -> EngineRequest:
+    return EngineRequest(
+        rid=rid,
+        input_len=input_len,
+        max_new_tokens=n,
+        prefix_key=key or rid,
+        ignore_eos=True,
+        priority=priority,
+        return_logprob=logprobs,
+        **kw,
+    )
+
+
+async def _get(url: str) -> Any:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+# Through the Engine interface
+
+
+async def test_start_reads_the_servers_figures(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    info = client.info
+    assert (info.kind, info.model, info.tp, info.max_running) == ("vllm", MODEL, 1, 64)
+    assert info.kv_capacity_tokens == server.engine.info.kv_capacity_tokens
+    assert (client.served_model, client.serving_path, client.weight_version) == (MODEL, MODEL, "default")
+
+
+async def test_generate_returns_ids_phases_and_the_trajectory_cache(
+    backend: tuple[SimServer, VLLMEngine],
+) -> None:
+    _, client = backend
+    first = await client.generate(_req("t.0", n=300, key="t", input_len=1000))
+    assert (first.output_len, first.finish_reason, first.cached_tokens) == (300, "length", 0)
+    assert first.output_ids is not None and len(first.output_ids) == 300 and first.output_logprobs is None
+    assert first.prefill_s > 0 and first.decode_s > 0 and first.weight_version == "default"
+    # The next step repeats the previous context, generated tokens included, as on real text.
+    second = await client.generate(_req("t.1", n=50, key="t", input_len=1500))
+    assert second.cached_tokens == 1300
+
+
+async def test_log_probs_and_alternatives_come_back_one_per_output_token(
+    backend: tuple[SimServer, VLLMEngine],
+) -> None:
+    _, client = backend
+    out = await client.generate(_req("lp.0", n=40, logprobs=True, top_logprobs=3))
+    assert out.output_ids is not None and out.output_logprobs is not None
+    assert out.output_top_logprobs is not None
+    assert len(out.output_logprobs) == len(out.output_top_logprobs) == len(out.output_ids) == 40
+    assert all(lp <= 0 for lp in out.output_logprobs) and len(set(out.output_logprobs)) > 1
+    for t, lp, top in zip(out.output_ids, out.output_logprobs, out.output_top_logprobs, strict=True):
+        assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        assert (t, lp) in top  # the simulator's sampled token is always among its alternatives
+    alone = await client.generate(_req("lp.1", n=5, logprobs=True))
+    assert alone.output_top_logprobs is None and alone.output_logprobs is not None
+
+
+async def test_stop_token_ids_end_the_output_at_the_first_one(backend: tuple[SimServer, VLLMEngine]) -> None:
+    _, client = backend
+    ids = list(range(1, 65))
+    full = await client.generate(_req("s.0", n=30, input_ids=ids))
+    assert full.output_ids is not None
+    stop = full.output_ids[9]
+    out = await client.generate(_req("s.1", n=30, input_ids=ids, stop_token_ids=[stop]))
+    cut = full.output_ids.index(stop) + 1
+    assert (out.output_ids, out.output_len, out.finish_reason) == (full.output_ids[:cut], cut, "stop")
+
+
+async def test_priorities_reach_the_server_negated(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    for i, p in enumerate((0.0, 12.4, 3000.0, -7.0)):
+        await client.generate(_req(f"p{i}", n=2, priority=p))
+    # vLLM serves lower values first, Loom larger ones.
+    assert (await server.received())["priorities"] == [0, -12, -3000, 7]
+
+
+async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> None:
+    async with _backend(max_running=1) as (server, client):
+        head = asyncio.create_task(client.generate(_req("head", n=100_000, priority=1000)))
+        await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+        done: list[str] = []
+        # The low request is the longer one, so that its reply cannot overtake high's on a busy machine.
+        low = asyncio.create_task(client.generate(_req("low", n=300, priority=1)))
+        low.add_done_callback(lambda _: done.append("low"))
+        await until(lambda: server.engine.load().waiting == 1, poll_s=0.01)
+        high = asyncio.create_task(client.generate(_req("high", n=10, priority=50.4)))
+        high.add_done_callback(lambda _: done.append("high"))
+        await until(lambda: server.engine.load().waiting == 2, poll_s=0.01)
+        # vLLM does not preempt the running request for a higher priority: both still wait.
+        await asyncio.sleep(0.1)
+        assert server.engine.load().waiting == 2
+        await client.abort("head")
+        await asyncio.gather(head, low, high)
+        assert done == ["high", "low"]
+
+
+async def test_abort_by_rid_and_by_cancelling_the_caller(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    calls = [asyncio.create_task(client.generate(_req(rid, n=100_000))) for rid in ("x.1", "x.10")]
+    await until(lambda: server.engine.load().running == 2, poll_s=0.01)
+    assert await client.abort("x.1")
+    out = await asyncio.wait_for(calls[0], 5)
+    assert out.finish_reason == "abort" and 0 < out.output_len < 100_000
+    assert not await client.abort("x.1")
+    # vLLM aborts by exact id: "x.1" took nothing else with it.
+    assert not calls[1].done() and server.engine.load().running == 1
+    assert await client.abort("x.10")
+    assert (await asyncio.wait_for(calls[1], 5)).finish_reason == "abort"
+
+    call = asyncio.create_task(client.generate(_req("y.0", n=100_000)))
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await until(lambda: server.engine.load().running == 0, within_s=0.5)  # /abort_requests, not a disconnect
+    assert (await server.received())["aborted"] == [engine_rid(r) for r in ("x.1", "x.10", "y.0")]
+
+
+async def test_pause_holds_requests_and_resume_finishes_them(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    call = asyncio.create_task(client.generate(_req("p.0", n=100_000)))  # about 0.6 s at this speed
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    await asyncio.sleep(0.1)
+    await client.pause()
+    assert (await _get(server.url + "/is_paused")) == {"is_paused": True}
+    held = server.engine.load().generated_tokens
+    await asyncio.sleep(0.5)
+    assert 0 < server.engine.load().generated_tokens == held < 100_000 and not call.done()
+    await client.resume()
+    out = await asyncio.wait_for(call, 10)
+    assert (out.output_len, out.finish_reason) == (100_000, "length")
+    received = await server.received()
+    assert (received["pauses"], received["resumes"]) == (["keep"], 1)
+
+
+async def test_a_two_phase_update_reloads_labels_and_resets_the_cache(
+    backend: tuple[SimServer, VLLMEngine], tmp_path: Path
+) -> None:
+    server, client = backend
+    with pytest.raises(ValueError, match="checkpoint path"):
+        await client.prepare_weights("step-7", None)
+    await client.generate(_req("w.0", n=100, key="w"))
+    await client.prepare_weights("step-7", str(tmp_path))  # vLLM reloads in place: nothing yet
+    assert (await client.generate(_req("w.1", n=5, key="w", input_len=1100))).weight_version == "default"
+    await client.commit_weights("step-7")
+    assert (client.weight_version, client.serving_path, client.previous_path) == (
+        "step-7",
+        str(tmp_path),
+        MODEL,
+    )
+    # The prefix cache held KV of the old weights: the trajectory prefills its context again.
+    out = await client.generate(_req("w.2", n=5, key="w", input_len=1200))
+    assert (out.weight_version, out.cached_tokens) == ("step-7", 0)
+    assert (await _get(server.url + "/weight_info")) == {"weight_version": "step-7"}
+    assert (await _get(server.url + "/v1/models"))["data"][0]["root"] == str(tmp_path)
+    received = await server.received()
+    assert (received["reloads"], received["versions"], received["cache_resets"]) == (
+        [str(tmp_path)],
+        ["step-7"],
+        [True],
+    )
+    await client.prepare_weights("step-8", "org/ckpt-step-8")
+    await client.discard_weights("step-8")
+    with pytest.raises(RuntimeError, match="not prepared"):
+        await client.commit_weights("step-8")
+
+
+async def test_a_request_in_flight_finishes_under_the_new_weights(
+    backend: tuple[SimServer, VLLMEngine], tmp_path: Path
+) -> None:
+    server, client = backend
+    call = asyncio.create_task(client.generate(_req("f.1", n=100_000, key="f")))
+    await until(lambda: server.engine.load().running == 1, poll_s=0.01)
+    await client.pause()
+    await client.prepare_weights("step-9", str(tmp_path))
+    await client.commit_weights("step-9")
+    # Preempted by the cache reset, it waits to recompute its context, then goes on under the new weights.
+    assert server.engine.load().waiting == 1
+    await client.resume()
+    out = await asyncio.wait_for(call, 20)
+    assert (out.output_len, out.finish_reason, out.weight_version) == (100_000, "length", "step-9")
+
+
+async def test_a_failed_reload_raises_and_loads_the_served_checkpoint_back(
+    backend: tuple[SimServer, VLLMEngine], tmp_path: Path
+) -> None:
+    server, client = backend
+    missing = str(tmp_path / "no-such-checkpoint")
+    await client.prepare_weights("step-7", missing)
+    with pytest.raises(WeightUpdateError, match=rf"{re.escape(missing)}.*reloaded '{MODEL}'"):
+        await client.commit_weights("step-7")
+    assert (client.weight_version, client.serving_path) == ("default", MODEL)
+    assert (await client.generate(_req("w.0", n=5))).weight_version == "default"
+    assert (await server.received())["reloads"] == [MODEL]
+
+
+async def test_load_figures_come_from_the_metrics(backend: tuple[SimServer, VLLMEngine]) -> None:
+    _, client = backend
+    assert client.load().running == client.load().generated_tokens == 0
+    calls = [asyncio.create_task(client.generate(_req(f"l{i}.0", n=100_000))) for i in range(4)]
+    await until(lambda: client.load().running == 4, poll_s=0.01)
+    load = client.load()
+    assert load.kv_used_tokens >= 4 * 1000 and load.kv_capacity_tokens == client.info.kv_capacity_tokens
+    assert 0 < load.extra["token_usage"] < 1
+    for i in range(4):
+        await client.abort(f"l{i}.0")
+    generated = sum(out.output_len for out in await asyncio.gather(*calls))
+    await until(
+        lambda: client.load().running == 0 and client.load().generated_tokens == generated > 0, poll_s=0.01
+    )
+
+
+async def test_warm_prefix_caches_the_context_for_the_next_request(
+    backend: tuple[SimServer, VLLMEngine],
+) -> None:
+    _, client = backend
+    await client.warm_prefix("migrated", 3000)
+    out = await client.generate(_req("m.5", n=20, key="migrated", input_len=3400))
+    # With the one token vLLM samples after a prefill (the context it left cached, as the client repeats it).
+    assert out.cached_tokens == 3001
+    cold = await client.generate(_req("n.5", n=20, key="never-warmed", input_len=3400))
+    assert cold.cached_tokens == 0
+
+
+async def test_forced_ids_are_scored_as_the_model_sampled_them(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    ids = list(range(100, 400))
+    sampled = await client.generate(_req("g.0", n=25, input_ids=ids, logprobs=True))
+    assert sampled.output_ids is not None and sampled.output_logprobs is not None
+    # The same reply, forced: vLLM's prompt log-probs of the context and the reply, read at the reply.
+    forced = await client.generate(
+        _req("g.1", n=100, input_ids=ids, logprobs=True, top_logprobs=2, forced_ids=sampled.output_ids)
+    )
+    assert (forced.output_ids, forced.output_len, forced.finish_reason) == (sampled.output_ids, 25, "length")
+    assert forced.output_logprobs == pytest.approx(sampled.output_logprobs)
+    assert forced.output_top_logprobs is not None and all(len(t) == 2 for t in forced.output_top_logprobs)
+    assert forced.prefill_s > 0 and forced.decode_s == 0
+    # max_new_tokens cuts a longer reply; the prompt log-probs read no cached prefix, as vLLM's do.
+    cut = await client.generate(
+        _req("g.2", n=10, input_ids=ids, logprobs=True, forced_ids=sampled.output_ids)
+    )
+    assert cut.output_ids == sampled.output_ids[:10] and cut.output_logprobs == forced.output_logprobs[:10]
+    assert cut.cached_tokens == 0
+    assert (await server.received())["scored"] == 2
+    none = await client.generate(_req("g.3", n=10, input_ids=ids, logprobs=True, forced_ids=[]))
+    assert (none.output_ids, none.output_logprobs, none.finish_reason) == ([], [], "length")
+
+
+async def test_an_oversized_request_is_a_bad_request(backend: tuple[SimServer, VLLMEngine]) -> None:
+    server, client = backend
+    too_big = client.info.kv_capacity_tokens + 1
+    with pytest.raises(ValueError, match=rf"{server.url}/v1/completions: HTTP 400: This model's maximum"):
+        await client.generate(_req("huge.0", n=too_big))
+
+
+async def test_an_unreachable_server_is_a_clear_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(VLLMError, match=re.escape(f"{url}/v1/models")):
+        await VLLMEngine(url).start()
+
+
+async def test_a_server_without_dev_mode_is_a_clear_error() -> None:
+    # What vLLM serves without VLLM_SERVER_DEV_MODE=1: none of its dev routes.
+    dev = {"/server_info", "/pause", "/resume", "/is_paused", "/abort_requests", "/collective_rpc"}
+    async with SimServer() as server:
+        server.app.router.routes[:] = [
+            r for r in server.app.router.routes if not (isinstance(r, APIRoute) and r.path in dev)
+        ]
+        with pytest.raises(VLLMError, match="VLLM_SERVER_DEV_MODE=1"):
+            await VLLMEngine(server.url).start()
+
+
+# A rollout worker over NATS, driving the server as it would drive vLLM
+
+
+def test_the_vllm_engine_needs_a_url() -> None:
+    with pytest.raises(ValueError, match="LOOM_ROLLOUT_VLLM_URL"):
+        make_engine(Runtime("rollout", RolloutSettings()), RolloutSettings(engine="vllm"))
+    engine = make_engine(
+        Runtime("rollout", RolloutSettings()), RolloutSettings(engine="vllm", vllm_url="http://h:8000/")
+    )
+    assert isinstance(engine, VLLMEngine) and engine.url == "http://h:8000"
+
+
+async def test_a_request_through_the_router_is_served_by_vllm(nc: NATS, services: Services) -> None:
+    async with SimServer() as server:
+        settings = RolloutSettings(worker_id="wvl", engine="vllm", vllm_url=server.url, speed=SPEED)
+        settings.keepalive_s = 0.2
+        await services.start(
+            "wvl", "rollout", settings, lambda rt: RolloutWorker(rt, settings, make_engine(rt, settings))
+        )
+        holder: list[Router] = []
+
+        def build_router(rt: Runtime) -> Router:
+            holder.append(Router(rt, RouterSettings(registry_s=0.2)))
+            return holder[0]
+
+        await services.start(
+            "router", "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build_router
+        )
+        await until(lambda: "wvl" in holder[0].workers, poll_s=0.01)
+        kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
+        await kv.put(kv_key("job-1", "t0"), encode(TrajMeta("job-1", "t0", worker_id="wvl")))
+
+        client = GenClient(nc, lease_s=1.0)
+        step = GenRequest(
+            rid="s.0",
+            job_id="job-1",
+            traj_id="t0",
+            step=0,
+            input_len=800,
+            max_new_tokens=120,
+            ignore_eos=True,
+        )
+        first = await asyncio.wait_for(client.generate(step), 20)
+        assert (first.worker_id, first.output_len, first.finish_reason) == ("wvl", 120, "length")
+        assert first.output_ids is not None and len(first.output_ids) == 120
+        step = GenRequest(
+            rid="s.1",
+            job_id="job-1",
+            traj_id="t0",
+            step=1,
+            input_len=1000,
+            max_new_tokens=10,
+            ignore_eos=True,
+        )
+        assert (await asyncio.wait_for(client.generate(step), 20)).cached_tokens == 920
+        assert server.engine.load().generated_tokens == 130
+        workers = await nc.jetstream().key_value(subjects.KV_WORKERS)
+        info = decode((await workers.get("wvl")).value or b"", WorkerInfo)
+        assert (info.engine, info.kv_capacity_tokens) == ("vllm", server.engine.info.kv_capacity_tokens)
+        await services.stop("wvl")
+        await services.stop("router")
