@@ -53,24 +53,34 @@ async def connect(
     credentials: tuple[str, str] | None = None,
     connect_timeout: float = 5,
 ) -> NATS:
-    """Connect and keep reconnecting forever; a service outlives NATS restarts. ``credentials`` (user,
-    password), else any in the URL (``nats://user:password@host:port``), name the client's role on a server
-    with authentication (``loom.nats_auth``); its replies then come back under its role's own inbox
-    prefix, the only inboxes it may subscribe to."""
+    """Connect and keep reconnecting forever; a service outlives NATS restarts. ``url`` may list several
+    servers of a cluster, comma-separated: the client connects to one and moves to another when it goes.
+    ``credentials`` (user, password), else any in the URL (``nats://user:password@host:port``), name the
+    client's role on a server with authentication (``loom.nats_auth``); its replies then come back under
+    its role's own inbox prefix, the only inboxes it may subscribe to."""
+    client: list[NATS] = []
 
     async def on_error(e: Exception) -> None:
         log.warning("nats error: %s", e)
 
     async def on_disconnect() -> None:
-        log.warning("nats disconnected")
+        # nats-py reports its own close() as a disconnection too: only a lost connection is news.
+        if client and client[0].is_closed:
+            log.debug("nats connection closed")
+        else:
+            log.warning("nats disconnected")
 
     async def on_reconnect() -> None:
-        log.info("nats reconnected")
+        log.info(
+            "nats reconnected to %s",
+            client[0].connected_url.netloc if client and client[0].connected_url else "?",
+        )
 
-    user = credentials[0] if credentials else urlsplit(url).username
+    listed = servers(url)
+    user = credentials[0] if credentials else urlsplit(listed[0]).username
     auth = {"user": credentials[0], "password": credentials[1]} if credentials else {}
-    return await nats.connect(
-        servers=[url],
+    nc = await nats.connect(
+        servers=listed,
         name=name,
         max_reconnect_attempts=max_reconnect_attempts,
         reconnect_time_wait=0.5,
@@ -82,6 +92,16 @@ async def connect(
         reconnected_cb=on_reconnect,
         pending_size=64 * 1024 * 1024,
     )
+    client.append(nc)
+    return nc
+
+
+def servers(url: str) -> list[str]:
+    """The servers a NATS URL lists (``LOOM_NATS_URL`` may name a cluster's: ``nats://a:4222,nats://b:4222``)."""
+    listed = [u.strip() for u in url.split(",") if u.strip()]
+    if not listed:
+        raise ValueError("the NATS URL names no server")
+    return listed
 
 
 async def request(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
@@ -125,9 +145,29 @@ class Retention:
         return self.days * 24 * 3600.0
 
 
-def _stream_configs(keep: Retention | None = None) -> list[StreamConfig]:
+def js_replicas() -> int:
+    """How many servers hold each stream and bucket (``LOOM_JS_REPLICAS``: 1, or 3 on a cluster, where any one
+    server may die with nothing lost). An existing deployment's are changed in place at the next start."""
+    raw = os.environ.get("LOOM_JS_REPLICAS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"LOOM_JS_REPLICAS must be a whole number of servers (1 to 5), not {raw!r}"
+        ) from None
+    if not 1 <= n <= 5:  # JetStream's own bound
+        raise ValueError(f"LOOM_JS_REPLICAS must lie between 1 and 5, not {n}")
+    return n
+
+
+def _stream_configs(keep: Retention | None = None, replicas: int = 1) -> list[StreamConfig]:
     keep = keep or Retention.from_env()
-    common: dict[str, Any] = {"storage": StorageType.FILE, "max_msg_size": MAX_PAYLOAD, "max_age": keep.age_s}
+    common: dict[str, Any] = {
+        "storage": StorageType.FILE,
+        "max_msg_size": MAX_PAYLOAD,
+        "max_age": keep.age_s,
+        "num_replicas": replicas,
+    }
     queue_bytes = int(keep.queue_gb * 2**30)
     return [
         StreamConfig(
@@ -193,32 +233,43 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 async def ensure_streams(js: JetStreamContext) -> None:
     """Create Loom's streams and KV buckets; safe to call from every service at every start."""
     keep = Retention.from_env()
-    for cfg in _stream_configs(keep):
+    replicas = js_replicas()
+    for cfg in _stream_configs(keep, replicas):
         await ensure_stream(js, cfg)
     # Records of finished work expire with the results they describe.
-    await ensure_kv(js, subjects.KV_JOBS, ttl=keep.age_s)
-    await ensure_kv(js, subjects.KV_TRAJ, ttl=keep.age_s)
-    await ensure_kv(js, subjects.KV_GROUPS, ttl=keep.age_s)
-    await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0)
-    await ensure_kv(js, subjects.KV_RLJOBS)
-    await ensure_kv(js, subjects.KV_STREAMS)
-    await ensure_kv(js, subjects.KV_WEIGHTS)
+    await ensure_kv(js, subjects.KV_JOBS, ttl=keep.age_s, replicas=replicas)
+    await ensure_kv(js, subjects.KV_TRAJ, ttl=keep.age_s, replicas=replicas)
+    await ensure_kv(js, subjects.KV_GROUPS, ttl=keep.age_s, replicas=replicas)
+    await ensure_kv(js, subjects.KV_WORKERS, ttl=15.0, replicas=replicas)
+    await ensure_kv(js, subjects.KV_RLJOBS, replicas=replicas)
+    await ensure_kv(js, subjects.KV_STREAMS, replicas=replicas)
+    await ensure_kv(js, subjects.KV_WEIGHTS, replicas=replicas)
 
 
 async def ensure_kv(
-    js: JetStreamContext, bucket: str, ttl: float | None = None, history: int = 1
+    js: JetStreamContext, bucket: str, ttl: float | None = None, history: int = 1, replicas: int | None = None
 ) -> KeyValue:
+    """The bucket, created if missing; a changed ``ttl`` or replica count (``LOOM_JS_REPLICAS`` unless given)
+    applies to an existing bucket in place, its keys kept."""
+    replicas = js_replicas() if replicas is None else replicas
     try:
         kv = await js.key_value(bucket)
     except Exception:  # bucket missing: create it (NotFoundError or BucketNotFoundError by version)
-        cfg = KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE)
+        cfg = KeyValueConfig(
+            bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE, replicas=replicas
+        )
         try:
             return await js.create_key_value(config=cfg)
         except BadRequestError:
             return await js.key_value(bucket)  # another service won the race
     info = (await kv.status()).stream_info
+    changes: dict[str, Any] = {}
     if ttl is not None and info.config.max_age != ttl:  # a changed retention applies at the next start
-        await js.update_stream(config=dataclasses.replace(info.config, max_age=ttl))
+        changes["max_age"] = ttl
+    if (info.config.num_replicas or 1) != replicas:
+        changes["num_replicas"] = replicas
+    if changes:
+        await js.update_stream(config=dataclasses.replace(info.config, **changes))
     return kv
 
 

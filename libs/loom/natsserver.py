@@ -7,8 +7,11 @@ import contextlib
 import json
 import logging
 import shutil
+import socket
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from loom.bus import MAX_PAYLOAD
@@ -32,7 +35,20 @@ def find_binary() -> str:
     return found
 
 
-def server_config(host: str, port: int, store: Path | str, http_port: int | None = None) -> str:
+@dataclass(frozen=True)
+class Cluster:
+    """One server's place in a NATS cluster: its name, the port its routes listen on, and the other servers'
+    route URLs. JetStream then replicates streams across the servers (RAFT: a majority must be up)."""
+
+    server_name: str
+    port: int
+    routes: tuple[str, ...]
+    name: str = "loom"
+
+
+def server_config(
+    host: str, port: int, store: Path | str, http_port: int | None = None, cluster: Cluster | None = None
+) -> str:
     """nats-server's configuration: Loom's payload limit, JetStream in ``store``; ``port`` -1: any free."""
     out = (
         f'host: "{host}"\nport: {port}\n'
@@ -41,7 +57,28 @@ def server_config(host: str, port: int, store: Path | str, http_port: int | None
     )
     if http_port is not None:
         out += f"http_port: {http_port}\n"
+    if cluster is not None:
+        routes = ", ".join(f'"{r}"' for r in cluster.routes)
+        out += (
+            f'server_name: "{cluster.server_name}"\n'
+            f'cluster {{\n  name: "{cluster.name}"\n  host: "{host}"\n  port: {cluster.port}\n'
+            f"  routes: [{routes}]\n}}\n"
+        )
     return out
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` ports free now (a cluster's servers must know each other's route ports before any starts)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def container_config() -> str:
@@ -76,11 +113,20 @@ class NatsServer:
     """``port=0`` picks a free port; the chosen one is read back from the server's ports file."""
 
     def __init__(
-        self, data_dir: Path, port: int = 0, host: str = "127.0.0.1", authorization: str = ""
+        self,
+        data_dir: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        authorization: str = "",
+        cluster: Cluster | None = None,
+        http_port: int | None = None,
     ) -> None:
-        """``authorization``: the users block (``loom.nats_auth.authorization``); empty: anyone may connect."""
+        """``authorization``: the users block (``loom.nats_auth.authorization``); empty: anyone may connect.
+        ``cluster``: this server's place in a cluster (``NatsCluster``); ``http_port``: its monitoring port."""
         self.data_dir = Path(data_dir)
         self.authorization = authorization
+        self.cluster = cluster
+        self.http_port = http_port
         self.port = port
         self.host = host
         self.proc: asyncio.subprocess.Process | None = None
@@ -98,7 +144,12 @@ class NatsServer:
         # The configuration holds the users' passwords: the server's user alone reads it.
         conf.touch(mode=0o600)
         conf.chmod(0o600)
-        conf.write_text(server_config(self.host, self.port if self.port else -1, store) + self.authorization)
+        conf.write_text(
+            server_config(
+                self.host, self.port if self.port else -1, store, self.http_port, cluster=self.cluster
+            )
+            + self.authorization
+        )
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - once, at spawn
         self.proc = await asyncio.create_subprocess_exec(
             find_binary(),
@@ -160,3 +211,74 @@ class NatsServer:
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
+
+
+class NatsCluster:
+    """``size`` clustered nats-servers on this host (``loom up --nats-cluster 3``): routes between them all,
+    JetStream on each, the same users and permissions. ``url`` lists every server's client URL, comma-separated,
+    which is what ``LOOM_NATS_URL`` takes; each server is restarted on its own port and store when it dies, and
+    rejoins the cluster."""
+
+    def __init__(
+        self, data_dir: Path, size: int = 3, host: str = "127.0.0.1", authorization: str = ""
+    ) -> None:
+        if size < 3:
+            raise ValueError(
+                f"a NATS cluster that survives a server's loss needs at least 3 servers, not {size}"
+            )
+        # One call: ports released by one call could come back from the next.
+        ports = free_ports(3 * size, host)
+        route_ports, client_ports, http_ports = ports[:size], ports[size : 2 * size], ports[2 * size :]
+        routes = [f"nats-route://{host}:{p}" for p in route_ports]
+        self.servers = [
+            NatsServer(
+                Path(data_dir) / f"n{i}",
+                port=client_ports[i],
+                host=host,
+                authorization=authorization,
+                cluster=Cluster(
+                    f"loom-n{i}", route_ports[i], tuple(r for j, r in enumerate(routes) if j != i)
+                ),
+                http_port=http_ports[i],
+            )
+            for i in range(size)
+        ]
+        self.url = ""
+
+    async def start(self, wait_s: float = 30.0) -> str:
+        """Start every server and return once JetStream is ready on each (the servers have elected its meta
+        leader and caught up), so that the services' first stream operations do not time out."""
+        urls = await asyncio.gather(*(s.start(wait_s) for s in self.servers))
+        self.url = ",".join(urls)
+        await asyncio.gather(*(self.ready(s, wait_s) for s in self.servers))
+        return self.url
+
+    @staticmethod
+    async def ready(server: NatsServer, wait_s: float) -> None:
+        """Until the server's monitoring ``/healthz`` answers 200: it does once its JetStream is current."""
+        url = f"http://{server.host}:{server.http_port}/healthz"
+        deadline = time.monotonic() + wait_s
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                status = await asyncio.to_thread(_http_status, url)
+                if status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"nats-server never became healthy at {url}; see {server.data_dir}")
+            await asyncio.sleep(0.2)
+
+    def supervise(self) -> None:
+        for s in self.servers:
+            s.supervise()
+
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.servers)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.servers))
+
+
+def _http_status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return int(r.status)

@@ -2,7 +2,8 @@
 
 Requests carry their caller's reply inbox; the router acknowledges them, keeps the queued ones alive with
 keepalives, and forwards each to its worker when the worker has room. The worker answers the caller
-directly, so a router that dies loses only its queue, and callers re-send once keepalives stop.
+directly, so a router that dies loses only its queue, and callers re-send once keepalives stop. One router
+is active at a time (the ``router`` lease); others stand by to take over.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
 from loom.bus import kv_key
+from loom.lease import Lease, LeaseLost, lease_bucket
 from loom.policies.affinity import eligible
 from loom.policies.migration import MigrationPlanner, Move
 from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
@@ -96,6 +98,7 @@ class Router:
         self.rr = RoundRobinPlacement()
         self.transfers = Transfers(rt, self._apply_move)
         self.wake = asyncio.Event()
+        self.active = False
         m = rt.metrics
         self.m_requests = m.counter("requests_total", "Generation requests received")
         self.m_forwarded = m.counter("forwarded_total", "Requests forwarded to workers", ["worker"])
@@ -106,6 +109,22 @@ class Router:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, rt: Runtime) -> None:
+        """Route once this instance holds the ``router`` lease (``loom.lease``); until then stand by, doing
+        nothing. A standby that takes over starts as a restarted router does: callers re-send what the dead
+        one had queued (their keepalives stopped), and what it had forwarded goes on at the workers, which
+        drop a re-sent rid they already serve. One that loses the lease stops at once."""
+        self.lease = Lease(await lease_bucket(rt.js), "router", rt.instance)
+        if not await self.lease.acquire(rt.stopping):
+            return
+        self.active = True
+        log.info("router %s is active", rt.instance)
+        try:
+            await self._active(rt)
+        except* LeaseLost as e:
+            log.error("router %s stops: %s", rt.instance, e.exceptions[0])
+            raise SystemExit(3) from None
+
+    async def _active(self, rt: Runtime) -> None:
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
         self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
         self.kv_workers = await rt.js.key_value(subjects.KV_WORKERS)
@@ -123,13 +142,17 @@ class Router:
                 tg.create_task(self._dispatch_forever())
                 tg.create_task(self._keepalive_forever())
                 tg.create_task(self._registry_forever())
+                tg.create_task(self.lease.keep(rt.stopping))
                 await rt.stopping.wait()
                 self.wake.set()
         finally:
             await self.transfers.close()
 
     def health(self) -> dict[str, Any]:
+        if not self.active:
+            return {"role": "standby"}
         return {
+            "role": "active",
             "workers": sorted(self.workers),
             "queued": {w: len(q) for w, q in self.queues.items() if len(q)},
             "forwarded": {w: len(f) for w, f in self.forwarded.items() if f},

@@ -12,6 +12,7 @@ import uvicorn
 
 from loom import service
 from loom.auth import Tokens
+from loom.lease import Lease, LeaseLost, lease_bucket
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.service import Runtime
 from services.scheduler.api import build_app
@@ -19,6 +20,7 @@ from services.scheduler.dashboard import Dashboard
 from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobManager
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.standby import Role, add_standby
 from services.scheduler.streams import StreamManager
 
 log = logging.getLogger(__name__)
@@ -47,32 +49,60 @@ class Scheduler:
         self.streams = StreamManager(rt, settings, self.jobs.in_flight)
         self.jobs.streams_in_flight = self.streams.in_flight
         self.dashboard = Dashboard(rt, self.jobs, self.streams, self.rljobs)
+        self.role: Role | None = None
 
     def health(self) -> dict[str, Any]:
+        active = self.role.active if self.role is not None else False
+        if not active:
+            return {"api": self.settings.advertise_url(), "role": "standby"}
         return {
-            "api": f"http://{self.settings.host}:{self.settings.port}",
+            "api": self.settings.advertise_url(),
+            "role": "active",
             **self.jobs.health(),
             **self.rljobs.health(),
             **self.streams.health(),
         }
 
     async def run(self, rt: Runtime) -> None:
-        await self.jobs.start()
-        await self.rljobs.start()
-        await self.streams.start()
-        await self.dashboard.start()
+        """Serve the REST API at once; act as the scheduler once this instance holds the ``scheduler`` lease
+        (``loom.lease``), and until then forward the API to the instance that does (``standby``). Every
+        instance runs the same code: the one that starts first is active, the others take over when it dies,
+        recovering jobs and streams from the bus as a restarted scheduler does. One that loses the lease
+        stops (its supervisor restarts it as a standby): it must not act beside the new active one."""
+        self.lease = Lease(await lease_bucket(rt.js), "scheduler", rt.instance, self.settings.advertise_url())
+        self.role = Role(self._leader, hold_s=self.lease.ttl_s + 2.0)
         app = build_app(rt, self.jobs, self.rljobs, self.streams, self.tokens, self.dashboard)
+        add_standby(app, self.role)
         server = _Server(
             uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         )
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(server.serve())
-            tg.create_task(self.jobs.reconcile_forever())
-            tg.create_task(self.streams.lease_forever())
-            tg.create_task(self.dashboard.poll_reward_forever())
-            await rt.stopping.wait()
-            server.should_exit = True
-        await self.streams.close()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(server.serve())
+                if await self.lease.acquire(rt.stopping):
+                    await self.jobs.start()
+                    await self.rljobs.start()
+                    await self.streams.start()
+                    await self.dashboard.start()
+                    self.role.active = True
+                    log.info("scheduler %s is active", rt.instance)
+                    tg.create_task(self.jobs.reconcile_forever())
+                    tg.create_task(self.streams.lease_forever())
+                    tg.create_task(self.dashboard.poll_reward_forever())
+                    tg.create_task(self.lease.keep(rt.stopping))
+                await rt.stopping.wait()
+                server.should_exit = True
+        except* LeaseLost as e:
+            log.error("scheduler %s stops: %s", rt.instance, e.exceptions[0])
+            raise SystemExit(3) from None
+        finally:
+            await self.role.close()
+        if self.role.active:
+            await self.streams.close()
+
+    async def _leader(self) -> str | None:
+        holder = await self.lease.holder()
+        return holder.address if holder is not None and holder.nonce != self.lease.me.nonce else None
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import AliasChoices, Field
@@ -13,6 +14,9 @@ class SchedulerSettings(LoomSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    # Where the other instances reach this one's REST API (a standby forwards to the active one's); by default
+    # the host and port it listens on (this machine's name where it listens on every interface).
+    advertise: str | None = None
     traces_path: str | None = None
     # REST authentication (loom.auth): the admin's bearer token, and a file of tenants' tokens. With neither
     # the scheduler does not start.
@@ -35,3 +39,9 @@ class SchedulerSettings(LoomSettings):
     rollmux_warm_start: bool = True
     rollmux_tail_threshold: float = Field(0.8, gt=0.0, le=1.0)
     rollmux_node_mem_gb: float = Field(2048.0, gt=0.0)
+
+    def advertise_url(self) -> str:
+        if self.advertise:
+            return self.advertise
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"

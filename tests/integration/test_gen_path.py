@@ -55,17 +55,25 @@ async def test_resent_request_is_generated_once(nc: NATS, services: Services) ->
     assert worker.engine.load().generated_tokens == 400
 
 
-async def test_router_crash_mid_request_loses_nothing(nc: NATS, services: Services) -> None:
-    worker = await start_worker(services, "w0")
-    await start_router(services)
+async def test_router_crash_mid_request_loses_nothing(
+    nc: NATS, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The active router dies mid-request (no drain, as under kill -9); the standby takes its lease over and
+    the callers' requests finish, none generated twice."""
+    monkeypatch.setenv("LOOM_LEASE_TTL_S", "1.5")
+    worker = await start_worker(services, "w0", max_running=4)
+    first = await start_router(services)
+    standby = asyncio.create_task(start_router(services, "router2"))
     client = GenClient(nc, lease_s=0.5)
-    # Long requests: 4000 tokens take seconds even sped up, so the crash lands mid-generation.
+    # Long requests: 4000 tokens take seconds even sped up, so the crash lands mid-generation; two of them
+    # wait in the router's queue (the worker runs 4 at a time) and die with it.
     calls = [asyncio.create_task(client.generate(_req(f"r{i}.0", f"t{i}", n=4000))) for i in range(6)]
-    await until(lambda: len(worker.inflight) == 6)
+    await until(lambda: len(worker.inflight) == 4 and sum(len(q) for q in first.queues.values()) == 2)
+    second = await standby
+    assert first.active and not second.active and second.health() == {"role": "standby"}
     await services.crash("router")
-    await asyncio.sleep(0.5)
-    await start_router(services, "router2")
     done = await asyncio.wait_for(asyncio.gather(*calls), 60)
+    assert second.active
     assert all(r.output_len == 4000 for r in done)
     assert worker.engine.load().generated_tokens == 6 * 4000  # nothing generated twice
 

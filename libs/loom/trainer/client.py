@@ -19,12 +19,15 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
 
 from loom import bus
+from loom.lease import lease_ttl
 from loom.protocol import (
     BatchTaken,
     Stream,
@@ -38,6 +41,22 @@ from loom.trainer.buffer import Batch, SampleBuffer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+async def _ask(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
+    """``bus.request``, waiting out a scheduler that is not there yet: one starting, or a standby taking over
+    from a dead one (``loom.lease``), answers no one for a moment. No responder means no one got the
+    request, so asking again is safe, even for a request that is not idempotent."""
+    start = time.monotonic()
+    # A takeover takes up to the lease's ttl: wait that long for a responder, whatever the request's timeout.
+    give_up = start + max(timeout_s, lease_ttl() + 2.0)
+    while True:
+        try:
+            return await bus.request(nc, subject, payload, reply_type, timeout_s=timeout_s)
+        except NoRespondersError:
+            if time.monotonic() >= give_up:
+                raise
+            await asyncio.sleep(0.2)
 
 
 class StreamClient:
@@ -56,14 +75,14 @@ class StreamClient:
     @classmethod
     async def create(cls, nats: str | NATS, spec: StreamSpec, timeout_s: float = 60.0) -> StreamClient:
         nc, own = await _connect(nats)
-        st = await bus.request(nc, subjects.STREAM_CREATE, spec, Stream, timeout_s=timeout_s)
+        st = await _ask(nc, subjects.STREAM_CREATE, spec, Stream, timeout_s=timeout_s)
         return cls(nc, st, own)
 
     @classmethod
     async def attach(cls, nats: str | NATS, stream_id: str) -> StreamClient:
         """Take over an existing stream (e.g. a restarted trainer): groups it had not taken are still there."""
         nc, own = await _connect(nats)
-        st = await bus.request(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream)
+        st = await _ask(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream)
         return cls(nc, st, own)
 
     async def __aenter__(self) -> StreamClient:
@@ -90,14 +109,12 @@ class StreamClient:
         it, none switches and this raises ``bus.BusError`` with the reason. ``async_fetch`` false loads
         inside the pause instead."""
         u = WeightUpdate(self.id, version, path, timeout_s=timeout, async_fetch=async_fetch)
-        res = await bus.request(
-            self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30
-        )
+        res = await _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30)
         await self.refresh()
         return res
 
     async def refresh(self) -> Stream:
-        self.stream = await bus.request(self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream)
+        self.stream = await _ask(self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream)
         return self.stream
 
     @property
@@ -113,7 +130,7 @@ class StreamClient:
             self._lease = None
         if cancel and not self.nc.is_closed:
             with contextlib.suppress(bus.BusError, TimeoutError):
-                self.stream = await bus.request(self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream)
+                self.stream = await _ask(self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream)
         await self.buffer.close(delete=cancel)
         if self._own and not self.nc.is_closed:
             await self.nc.drain()
@@ -121,7 +138,7 @@ class StreamClient:
     async def _report(self, taken: BatchTaken) -> None:
         for attempt in range(5):
             try:
-                self.stream = await bus.request(self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10)
+                self.stream = await _ask(self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10)
                 return
             except TimeoutError:
                 await asyncio.sleep(0.5 * 2**attempt)
@@ -132,7 +149,7 @@ class StreamClient:
         while True:
             await asyncio.sleep(period)
             try:
-                await bus.request(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream)
+                await _ask(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream)
             except Exception as e:  # the next renewal may get through; the lease outlasts a few misses
                 log.warning("lease renewal of %s failed: %s", self.id, e)
 

@@ -1,0 +1,59 @@
+"""The key-value lease one active scheduler (or router) holds: never two holders, a dead holder's lease passes
+within its ttl, a clean release at once, and a holder that lost it finds out at its next renewal."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from loom.bus import ensure_kv
+from loom.lease import Lease, LeaseLost
+
+TTL = 1.5
+
+
+async def _bucket(nc: NATS, name: str):  # type: ignore[no-untyped-def]
+    return await ensure_kv(nc.jetstream(), name, ttl=TTL, replicas=1)
+
+
+async def test_one_holder_at_a_time_and_takeover_within_the_ttl(nc: NATS) -> None:
+    kv = await _bucket(nc, "lease_a")
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    a, b = Lease(kv, "scheduler", "a", "http://a", TTL), Lease(kv, "scheduler", "b", "http://b", TTL)
+    assert await a.acquire(stop_a)
+    keeping = asyncio.create_task(a.keep(stop_a))
+    waiting = asyncio.create_task(b.acquire(stop_b, poll_s=0.1))
+    await asyncio.sleep(3 * TTL)  # a renews all along: b never gets it
+    assert not waiting.done() and (await b.holder()) == a.me
+    # a dies without a word: b holds the lease within the ttl of a's last renewal (plus a poll).
+    keeping.cancel()
+    died = time.monotonic()
+    assert await asyncio.wait_for(waiting, 3 * TTL)
+    assert time.monotonic() - died < TTL + 1.0
+    assert (await a.holder()) == b.me and (await a.holder()).address == "http://b"  # type: ignore[union-attr]
+    # a, back from the dead, finds out at its next renewal and stops acting.
+    with pytest.raises(LeaseLost, match="taken by b"):
+        await a.renew()
+    assert not a.held
+    # A clean stop releases at once: the next standby takes it at its first poll.
+    c = Lease(kv, "scheduler", "c", "", TTL)
+    waiting = asyncio.create_task(c.acquire(asyncio.Event(), poll_s=0.05))
+    stop_b.set()
+    await b.keep(stop_b)
+    released = time.monotonic()
+    assert await asyncio.wait_for(waiting, TTL)
+    assert time.monotonic() - released < TTL / 2
+
+
+async def test_a_renewal_whose_reply_was_lost_still_holds(nc: NATS) -> None:
+    kv = await _bucket(nc, "lease_b")
+    a = Lease(kv, "router", "a", ttl_s=TTL)
+    assert await a.try_acquire()
+    assert a.revision is not None
+    # The update landed but its reply never came back: a still believes the older revision.
+    a.revision = await kv.update("router", (await kv.get("router")).value or b"", last=a.revision) - 1
+    await a.renew()
+    assert a.held and (await a.holder()) == a.me
