@@ -82,7 +82,10 @@ async def connect(
     nc = await nats.connect(
         servers=listed,
         name=name,
-        max_reconnect_attempts=max_reconnect_attempts,
+        # nats-py reads 0 as "never give up" where it picks a server (it discards one only past a positive
+        # count), so a client that must fail fast (a health check) tries each server once instead.
+        max_reconnect_attempts=1 if max_reconnect_attempts == 0 else max_reconnect_attempts,
+        allow_reconnect=max_reconnect_attempts != 0,
         reconnect_time_wait=0.5,
         connect_timeout=connect_timeout,
         inbox_prefix=inbox_prefix(user) if user else "_INBOX",

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
+from nats.errors import NoServersError
 
-from loom import bus
-from loom.natsserver import NatsCluster
+from loom import bus, nats_auth
+from loom.natsserver import NatsCluster, NatsServer
 from loom.protocol import subjects
 
 
@@ -76,3 +78,23 @@ async def test_a_stream_leader_killed_mid_flow_loses_nothing(
     finally:
         await nc.close()
         await cluster.stop()
+
+
+async def test_a_client_that_must_fail_fast_does_so_on_any_list_of_servers(tmp_path: Path) -> None:
+    """A health check (no reconnects) against a wrong password, or servers that are all gone, fails at once:
+    nats-py read no reconnects as "keep picking a server forever" and hung there."""
+    passwords = nats_auth.passwords(tmp_path / "pw")
+    server = NatsServer(tmp_path / "nats", authorization=nats_auth.authorization(passwords))
+    url = await server.start()
+    try:
+        for listed in (url, f"{url},nats://127.0.0.1:1"):
+            started = time.monotonic()
+            with pytest.raises(Exception, match=r"Authorization Violation|no servers"):
+                await bus.connect(listed, "t", max_reconnect_attempts=0, credentials=("operator", "wrong"))
+            assert time.monotonic() - started < 5
+        started = time.monotonic()
+        with pytest.raises(NoServersError):
+            await bus.connect("nats://127.0.0.1:1,nats://127.0.0.1:2", "t", max_reconnect_attempts=0)
+        assert time.monotonic() - started < 5
+    finally:
+        await server.stop()
