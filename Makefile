@@ -12,6 +12,16 @@ PIN := $(VENV)/torch-pin.txt
 # parts import, resolved as usual; ray[default]'s extras, wandb and tensorboard serve a real cluster's run.
 VERL_NODEPS := verl==0.9.1 'tensordict>=0.8,<=0.10,!=0.9.0' pyvers==0.1.0
 VERL_DEPS := 'ray>=2.41' 'hydra-core>=1.3' codetiming cachetools dill peft torchdata cloudpickle orjson
+# GEM (gem-llm 0.1.0, `"env": "gem:<env_id>"`, loom.envs.adapters.gem) pins math-verify[antlr4_13_2], whose
+# antlr4-python3-runtime 4.13.2 cannot sit beside the 4.9 of verl's hydra and skyrl-gym's omegaconf, and
+# reasoning-gym 0.1.23, msgspec 0.19.0 and nltk 3.9.1. So it has a venv of its own, which `loom up` starts a
+# GEM-only environment manager from: Loom without extras, GEM with its pins, and what GEM's math environment
+# imports without declaring it (datasets, pylatexenc). No bytecode is compiled (the manager imports little of
+# torch's stack); it builds in about 35 s here. The .gitignore inside keeps it out of git, as .venv is.
+GEM_VENV ?= .venv-gem
+GEM_PY := $(GEM_VENV)/bin/python
+GEM_STAMP := $(GEM_VENV)/.installed-stamp
+GEM_DEPS := gem-llm==0.1.0 datasets==5.2.0 pylatexenc==2.11
 
 .PHONY: install test lint unit demo up clean
 
@@ -26,7 +36,16 @@ $(STAMP): pyproject.toml examples/loom-guess/pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess
 	touch $(STAMP)
 
-install: $(STAMP)
+$(GEM_STAMP): pyproject.toml | $(STAMP)
+	python3 -m venv $(GEM_VENV)
+	echo '*' > $(GEM_VENV)/.gitignore
+	$(GEM_PY) -m pip install -q --upgrade pip
+	$(GEM_PY) -m pip install -q --no-compile -c $(PIN) -e . $(GEM_DEPS)
+	# What GEM registers, kept in the venv for the scheduler (which never imports GEM) to read.
+	$(GEM_PY) -W ignore -m loom.envs.adapters.gem > /dev/null
+	touch $(GEM_STAMP)
+
+install: $(STAMP) $(GEM_STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check libs services cli tests examples
@@ -46,4 +65,4 @@ up: install
 	$(VENV)/bin/loom up
 
 clean:
-	rm -rf $(VENV) .loom .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(GEM_VENV) .loom .pytest_cache .mypy_cache .ruff_cache

@@ -13,15 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loom import nats_auth
-from loom.auth import home_token
+from loom.auth import AuthConfigError, Tokens, home_token
+from loom.envs.adapters import gem
 from loom.healthcheck import gather
-from loom.natsserver import NatsServer
-from loom.protocol import Health
+from loom.natsserver import NatsCluster, NatsServer
+from loom.protocol import Health, subjects
 from loom.supervisor import ProcSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+# The setting that names a rollout worker's server, per engine that drives one.
+ENGINE_URL = {"sglang": "LOOM_ROLLOUT_SGLANG_URL", "vllm": "LOOM_ROLLOUT_VLLM_URL"}
+
+
+class DeployError(RuntimeError):
+    """A deployment that cannot start, with the reason."""
 
 
 def default_home() -> Path:
@@ -53,13 +60,23 @@ class DeployConfig:
     gpu: str = "h100"
     tp: int = 1
     log_level: str = "INFO"
-    # Rollout engine kind ("sim", or "hf" for real weights on the CPU from ``model_path``).
+    # Rollout engine kind ("sim", "hf" for real weights on the CPU from ``model_path``, or "sglang"/"vllm"
+    # driving the servers at ``engine_urls``, one per worker).
     engine: str = "sim"
     model_path: str | None = None
+    engine_urls: list[str] = field(default_factory=list)
+    # NATS: one private nats-server (0), or a cluster of this many (3 or more) with every stream replicated.
+    nats_cluster: int = 0
+    # Instances of the scheduler and the router: one acts (the lease), the others stand by to take over.
+    schedulers: int = 1
+    routers: int = 1
     # Extra environment for every service (e.g. the data directories a training run reads).
     extra_env: dict[str, str] = field(default_factory=dict)
     # The REST API's admin token: LOOM_API_TOKEN, else the one kept under ``home`` (made on first start).
     api_token: str | None = None
+    # GEM's interpreter (its own virtualenv, loom.envs.adapters.gem): an environment manager is started from
+    # it that serves GEM's work lane alone, and the scheduler asks it what GEM registers. None: no GEM.
+    gem_python: str | None = None
 
 
 class Deployment:
@@ -67,11 +84,16 @@ class Deployment:
         self.cfg = cfg
         # Every service, the trainer and the operator connect as their own NATS user; no one else can.
         self.passwords = nats_auth.passwords(cfg.home / "nats")
-        self.nats = NatsServer(
-            cfg.home / "nats", port=cfg.nats_port, authorization=nats_auth.authorization(self.passwords)
+        users = nats_auth.authorization(self.passwords)
+        self.nats: NatsServer | NatsCluster = (
+            NatsCluster(cfg.home / "nats-cluster", cfg.nats_cluster, authorization=users)
+            if cfg.nats_cluster
+            else NatsServer(cfg.home / "nats", port=cfg.nats_port, authorization=users)
         )
         self.sup = Supervisor(cfg.home / "logs", on_change=self._write_state)
         self.api_url = f"http://127.0.0.1:{cfg.api_port}"
+        # The standby schedulers' ports, chosen once NATS is up (its ports taken) so that none collides.
+        self.standby_ports: list[int] = []
         self.api_token = cfg.api_token or api_token(cfg.home, create=True)
         self.epoch = time.time()
 
@@ -82,6 +104,9 @@ class Deployment:
             "LOOM_CLOCK_EPOCH": repr(self.epoch),
             "LOOM_LOG_LEVEL": self.cfg.log_level,
             "PYTHONUNBUFFERED": "1",
+            "LOOM_JS_REPLICAS": "3" if self.cfg.nats_cluster else "1",
+            # Empty when there is no GEM: the scheduler then refuses its jobs rather than look for one.
+            gem.PYTHON_ENV: self.cfg.gem_python or "",
             **self.cfg.extra_env,
         }
 
@@ -91,16 +116,23 @@ class Deployment:
         py = [sys.executable, "-m"]
         specs = [
             ProcSpec(
-                "scheduler",
+                replica("scheduler", i),
                 [*py, "services.scheduler"],
                 env(
                     "scheduler",
-                    {"LOOM_SCHEDULER_PORT": str(self.cfg.api_port), "LOOM_API_TOKEN": self.api_token},
+                    {"LOOM_SCHEDULER_PORT": str(port), "LOOM_API_TOKEN": self.api_token},
                 ),
-            ),
-            ProcSpec("router", [*py, "services.router"], env("router")),
+            )
+            for i, port in enumerate([self.cfg.api_port, *self.standby_ports])
+        ]
+        specs += [
+            ProcSpec(replica("router", i), [*py, "services.router"], env("router"))
+            for i in range(self.cfg.routers)
+        ]
+        specs += [
             ProcSpec("predictor", [*py, "services.predictor"], env("predictor")),
             ProcSpec("envmgr", [*py, "services.envmgr"], env("envmgr")),
+            *self._gem_specs(env("envmgr", {"LOOM_ENVMGR_LANES": subjects.LIBRARY_LANES["gem:"]})),
             ProcSpec("reward", [*py, "services.reward"], env("reward")),
         ]
         for i in range(self.cfg.workers):
@@ -115,13 +147,52 @@ class Deployment:
             }
             if self.cfg.model_path is not None:
                 worker["LOOM_ROLLOUT_MODEL_PATH"] = self.cfg.model_path
+            if self.cfg.engine in ENGINE_URL:
+                worker[ENGINE_URL[self.cfg.engine]] = self.cfg.engine_urls[i % len(self.cfg.engine_urls)]
             specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], worker))
         return specs
 
+    def _gem_specs(self, env: dict[str, str]) -> list[ProcSpec]:
+        """The GEM environment manager, run by GEM's interpreter (the project is on its path, installed there as
+        it is in the main venv, so ``-m services.envmgr`` is the same program)."""
+        if not self.cfg.gem_python:
+            return []
+        return [ProcSpec("envmgr-gem", [self.cfg.gem_python, "-m", "services.envmgr"], env)]
+
+    def check(self) -> None:
+        """Refuse, before anything starts, what would only make services crash over and over: a service that
+        cannot start is restarted forever, and all one sees is that it keeps crashing."""
+        cfg = self.cfg
+        try:
+            Tokens.load(self.api_token, None)
+        except AuthConfigError as e:
+            raise DeployError(f"LOOM_API_TOKEN: {e}") from None
+        if cfg.nats_cluster and cfg.nats_cluster < 3:
+            raise DeployError(
+                f"a NATS cluster needs at least 3 servers to survive one's loss, not {cfg.nats_cluster}"
+            )
+        if cfg.schedulers < 1 or cfg.routers < 1:
+            raise DeployError("at least one scheduler and one router")
+        if cfg.engine == "hf" and not cfg.model_path:
+            raise DeployError(
+                "the hf engine serves real weights: give the checkpoint directory (--model-path)"
+            )
+        if cfg.engine in ENGINE_URL and not cfg.engine_urls:
+            raise DeployError(f"the {cfg.engine} engine drives servers: give their URLs (--engine-url)")
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", cfg.api_port))
+            except OSError as e:
+                raise DeployError(
+                    f"the scheduler's port {cfg.api_port} is taken ({e.strerror}): choose --port"
+                ) from None
+
     async def start(self, wait_s: float = 60.0) -> None:
+        self.check()
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         await self.nats.start()
-        self.nats.supervise()
+        self.nats.supervise(self._write_state)
+        self.standby_ports = [free_port() for _ in range(self.cfg.schedulers - 1)]
         for spec in self.service_specs():
             await self.sup.start(spec)
         self._write_state()
@@ -129,10 +200,10 @@ class Deployment:
 
     async def wait_healthy(self, wait_s: float) -> None:
         want = {
-            "scheduler": 1,
-            "router": 1,
+            "scheduler": self.cfg.schedulers,
+            "router": self.cfg.routers,
             "predictor": 1,
-            "envmgr": 1,
+            "envmgr": 2 if self.cfg.gem_python else 1,
             "reward": 1,
             "rollout": self.cfg.workers,
         }
@@ -144,9 +215,13 @@ class Deployment:
                 return
             dead = [n for n, p in self.sup.procs.items() if p.restarts > 3]
             if dead:
-                raise RuntimeError(f"services keep crashing: {dead}; see {self.cfg.home / 'logs'}")
+                why = "; ".join(f"{n}: {last_error(self.cfg.home / 'logs' / f'{n}.log')}" for n in dead)
+                raise DeployError(f"services keep crashing ({why}); see {self.cfg.home / 'logs'}")
             await asyncio.sleep(0.3)
         raise RuntimeError(f"services not healthy after {wait_s:.0f} s: {seen}; see {self.cfg.home / 'logs'}")
+
+    def nats_servers(self) -> list[NatsServer]:
+        return self.nats.servers if isinstance(self.nats, NatsCluster) else [self.nats]
 
     def credentials(self, role: str) -> tuple[str, str]:
         """(user, password) for a client of this deployment in ``role`` (``loom.nats_auth.ROLES``)."""
@@ -156,8 +231,10 @@ class Deployment:
         state = {
             "nats_url": self.nats.url,
             "api_url": self.api_url,
+            # Every scheduler's API, the first one's port fixed (--port), the standbys' any free one.
+            "api_urls": [self.api_url, *(f"http://127.0.0.1:{p}" for p in self.standby_ports)],
             "pids": self.sup.pids(),
-            "nats_pid": self.nats.proc.pid if self.nats.proc is not None else None,
+            "nats_pids": [s.proc.pid for s in self.nats_servers() if s.proc is not None],
             "supervisor_pid": os.getpid(),
             "speed": self.cfg.speed,
             "epoch": self.epoch,
@@ -170,6 +247,27 @@ class Deployment:
         await self.sup.stop()
         await self.nats.stop()
         (self.cfg.home / STATE_FILE).unlink(missing_ok=True)
+
+
+def replica(name: str, i: int) -> str:
+    """The supervised name of a service's ``i``-th instance: ``scheduler``, ``scheduler-2``, ..."""
+    return name if i == 0 else f"{name}-{i + 1}"
+
+
+def last_error(log_path: Path, lines: int = 200) -> str:
+    """The last error a service logged before it died: its last traceback's final line, else its last
+    ERROR/CRITICAL line, else its last line."""
+    try:
+        tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "no log"
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith("Traceback"):
+            rest = [t for t in tail[i + 1 :] if t and not t.startswith((" ", "\t"))]
+            if rest:
+                return rest[0].strip()
+    marked = [t for t in tail if " ERROR " in t or " CRITICAL " in t]
+    return (marked or tail or ["empty log"])[-1].strip()
 
 
 async def gather_health(

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import urllib.parse
@@ -15,15 +16,31 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import lifecycle, logs
+from loom.envs.adapters import gem
 from loom.natsserver import refusals
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
-from loom_cli.deploy import DeployConfig, Deployment, api_token, default_home, gather_health, read_state
+from loom_cli.deploy import (
+    ENGINE_URL,
+    DeployConfig,
+    DeployError,
+    Deployment,
+    api_token,
+    default_home,
+    gather_health,
+    read_state,
+)
 
 
 def _api(args: argparse.Namespace) -> LoomClient:
     url = args.api or str(read_state(args.home)["api_url"])
     return LoomClient(url, api_token(args.home))
+
+
+def _engine_urls(engine: str) -> list[str]:
+    """The servers a rollout worker of ``engine`` drives, from its setting (comma-separated for several)."""
+    raw = os.environ.get(ENGINE_URL.get(engine, ""), "")
+    return [u.strip() for u in raw.split(",") if u.strip()]
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -39,21 +56,30 @@ async def _up(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         engine=args.engine,
         model_path=args.model_path,
+        # The rollout settings' own variables work too: LOOM_ROLLOUT_ENGINE=vllm LOOM_ROLLOUT_VLLM_URL=... loom up
+        engine_urls=args.engine_url or _engine_urls(args.engine),
+        nats_cluster=args.nats_cluster,
+        schedulers=args.schedulers,
+        routers=args.routers,
         extra_env=env,
+        gem_python=args.gem_python or None,
     )
-    if cfg.engine == "hf" and not cfg.model_path:
-        print(
-            "loom: --engine hf serves real weights: give --model-path (a checkpoint directory)",
-            file=sys.stderr,
-        )
-        return 2
     dep = Deployment(cfg)
+    try:
+        dep.check()
+    except DeployError as e:
+        print(f"loom: {e}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await dep.start()
+        try:
+            await dep.start()
+        except DeployError as e:
+            print(f"loom: {e}", file=sys.stderr)
+            return 1
         print(f"Loom is up: API {dep.api_url}, NATS {dep.nats.url}, logs {cfg.home / 'logs'}", flush=True)
         print(f"Dashboard: {dep.api_url}/ui?token=<the API token> (`loom ui` prints the link)", flush=True)
         print("Ctrl-C stops everything.", flush=True)
@@ -135,12 +161,36 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-port", type=int, default=0, help="NATS port (0: any free port)")
     up.add_argument("--model", default="qwen3-8b")
     up.add_argument(
-        "--engine", choices=("sim", "hf"), default="sim", help="simulated engines, or transformers on the CPU"
+        "--engine",
+        choices=("sim", "hf", "sglang", "vllm"),
+        default=os.environ.get("LOOM_ROLLOUT_ENGINE", "sim"),
+        help="simulated engines, transformers on the CPU, or SGLang or vLLM servers (--engine-url)",
     )
+    up.add_argument(
+        "--engine-url",
+        action="append",
+        help="an SGLang or vLLM server's base URL; repeat for several (workers take them in turn)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=0,
+        help="run this many clustered nats-servers (3 or more) with every stream replicated, instead of one",
+    )
+    up.add_argument(
+        "--schedulers", type=int, default=1, help="scheduler instances: one active, the rest standby"
+    )
+    up.add_argument("--routers", type=int, default=1, help="router instances: one active, the rest standby")
     up.add_argument(
         "--model-path", help="checkpoint directory (config.json, safetensors) the hf engine serves"
     )
     up.add_argument("--gpu", default="h100")
+    up.add_argument(
+        "--gem-python",
+        default=gem.default_python(),
+        help="interpreter of GEM's virtualenv, to start an environment manager for `gem:` jobs from "
+        f"(default: ${gem.PYTHON_ENV}, else .venv-gem where built; '' for none)",
+    )
     up.add_argument("--log-level", default="INFO")
     up.add_argument(
         "--predictor-minutes",
@@ -194,7 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     # Job schedulers and `timeout` stop a command with SIGTERM: it stops what it started, as Ctrl-C does.
     lifecycle.sigterm_as_interrupt()
     try:
-        if args.cmd == "up":
+        if args.cmd == "up" and args.gem_python and not Path(args.gem_python).exists():
+            print(
+                f"loom: --gem-python {args.gem_python} does not exist (`make install` builds .venv-gem)",
+                file=sys.stderr,
+            )
+            rc = 2
+        elif args.cmd == "up":
             rc = asyncio.run(_up(args))
         elif args.cmd == "status":
             rc = asyncio.run(_status(args))

@@ -26,11 +26,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from loom.bus import ensure_kv
+from loom.protocol import subjects
 
 log = logging.getLogger(__name__)
-
-
-BUCKET = "loom_leases"
 
 
 def lease_ttl() -> float:
@@ -44,7 +42,7 @@ def lease_ttl() -> float:
 
 async def lease_bucket(js: JetStreamContext) -> KeyValue:
     """The bucket of every service's lease, its entries expiring ``lease_ttl()`` after their last write."""
-    return await ensure_kv(js, BUCKET, ttl=lease_ttl())
+    return await ensure_kv(js, subjects.KV_LEASES, ttl=lease_ttl())
 
 
 class LeaseLost(Exception):

@@ -51,6 +51,11 @@ def _kv(*buckets: str) -> tuple[str, ...]:
     return tuple(f"$KV.{b}.>" for b in buckets)
 
 
+def _lease(service: str) -> str:
+    """The one key of the lease bucket a service writes: its own lease (loom.lease), no other's."""
+    return f"$KV.{subjects.KV_LEASES}.{service}"
+
+
 def _service(role: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) -> Permissions:
     return Permissions(
         publish=(
@@ -59,6 +64,7 @@ def _service(role: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) ->
             "$JS.FC.>",
             subjects.dead_letter(role),
             subjects.health("*"),  # the container healthcheck runs as the service it checks
+            *_answers(OPERATOR, role),  # health and metrics answers
             *publish,
         ),
         subscribe=(
@@ -85,6 +91,14 @@ TRAINER_REQUESTS = (
 # Where generation results go: the inboxes of the roles that ask for generations.
 GEN_CALLERS = (f"{inbox_prefix('envmgr')}.>", f"{inbox_prefix('reward')}.>")
 
+
+def _answers(*callers: str) -> tuple[str, ...]:
+    """The inboxes of the roles whose requests a role answers. allow_responses alone is not enough on a
+    cluster: it is kept by the server that delivered the request, and a responder whose server died
+    meanwhile answers through another, which would refuse the reply."""
+    return tuple(f"{inbox_prefix(c)}.>" for c in callers)
+
+
 PERMISSIONS: dict[str, Permissions] = {
     "scheduler": _service(
         "scheduler",
@@ -101,6 +115,8 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.SESSION_ALL,
             *subjects.STREAM_TRAJWORK_SUBJECTS,
             *subjects.STREAM_SAMPLES_SUBJECTS,
+            *_answers(TRAINER),
+            _lease("scheduler"),
             *_kv(
                 subjects.KV_JOBS,
                 subjects.KV_TRAJ,
@@ -127,6 +143,7 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.worker_abort("*"),
             subjects.worker_warm("*"),
             *GEN_CALLERS,
+            _lease("router"),
             *_kv(subjects.KV_TRAJ),
         ),
         (
@@ -146,6 +163,7 @@ PERMISSIONS: dict[str, Permissions] = {
             subjects.TELEMETRY_WORKERS,
             subjects.WORKER_DONE_ALL,
             *GEN_CALLERS,
+            *_answers("router", "scheduler"),  # prefix warm-ups, weight updates
             *_kv(subjects.KV_WORKERS),
         ),
         (
@@ -157,7 +175,7 @@ PERMISSIONS: dict[str, Permissions] = {
     ),
     "predictor": _service(
         "predictor",
-        (subjects.CONTROL_PRIORITY,),
+        (subjects.CONTROL_PRIORITY, *_answers("envmgr", "scheduler")),
         (subjects.TRAJ_DONE_ALL, subjects.PREDICT),
     ),
     "envmgr": _service(
@@ -213,7 +231,9 @@ PERMISSIONS: dict[str, Permissions] = {
         ),
     ),
     OPERATOR: Permissions(
-        publish=(subjects.health("*"), subjects.metrics("*")), subscribe=(f"{inbox_prefix(OPERATOR)}.>",)
+        # Health, metrics, and how the streams stand (their replicas and leaders on a cluster): read only.
+        publish=(subjects.health("*"), subjects.metrics("*"), "$JS.API.INFO", "$JS.API.STREAM.INFO.*"),
+        subscribe=(f"{inbox_prefix(OPERATOR)}.>",),
     ),
 }
 
@@ -294,10 +314,16 @@ def write_compose_secrets(directory: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "compose":
-        print("usage: python3 -m loom.nats_auth compose DIRECTORY", file=sys.stderr)
+    """``compose DIR``: a compose deployment's secrets; ``authorization DIR``: print the ``authorization`` block
+    for the passwords kept in DIR (made there first if missing), for a NATS cluster of your own: every server
+    takes the same block, and each service its role's password from DIR/users.json."""
+    if len(argv) != 2 or argv[0] not in ("compose", "authorization"):
+        print("usage: python3 -m loom.nats_auth {compose|authorization} DIRECTORY", file=sys.stderr)
         return 2
-    write_compose_secrets(Path(argv[1]))
+    if argv[0] == "compose":
+        write_compose_secrets(Path(argv[1]))
+    else:
+        print(authorization(passwords(Path(argv[1]))), end="")
     return 0
 
 

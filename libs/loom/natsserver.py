@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,7 @@ class NatsServer:
         self.restarts = 0
         self._stopping = False
         self._watcher: asyncio.Task[None] | None = None
+        self._on_restart: Callable[[], None] | None = None
 
     async def start(self, wait_s: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -179,9 +181,11 @@ class NatsServer:
             await asyncio.sleep(0.05)
         raise NatsServerError("nats-server did not report its port in time")
 
-    def supervise(self) -> None:
+    def supervise(self, on_restart: Callable[[], None] | None = None) -> None:
         """Restart the server whenever it dies, on the same port and JetStream store, until ``stop``: the
-        services' clients reconnect to it and durable state is where it was."""
+        services' clients reconnect to it and durable state is where it was. ``on_restart`` is called after
+        each restart (its new pid is ``proc.pid``)."""
+        self._on_restart = on_restart
         self._watcher = asyncio.create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:
@@ -196,6 +200,9 @@ class NatsServer:
                 await self.start()
             except NatsServerError as e:
                 log.error("nats-server did not restart: %s", e)
+                continue
+            if self._on_restart is not None:
+                self._on_restart()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -267,9 +274,9 @@ class NatsCluster:
                 raise NatsServerError(f"nats-server never became healthy at {url}; see {server.data_dir}")
             await asyncio.sleep(0.2)
 
-    def supervise(self) -> None:
+    def supervise(self, on_restart: Callable[[], None] | None = None) -> None:
         for s in self.servers:
-            s.supervise()
+            s.supervise(on_restart)
 
     @property
     def restarts(self) -> int:

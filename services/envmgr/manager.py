@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from loom import results
 from loom.bus import kv_key
@@ -54,6 +56,27 @@ from services.envmgr.user_loop import env_class, needs_sandbox, run_user_env
 log = logging.getLogger(__name__)
 
 DURABLE = "envmgr"
+
+
+def durable(lane: str) -> str:
+    """The durable consumer of a lane (the main lane's keeps the name it had before lanes existed)."""
+    return DURABLE if lane == subjects.MAIN_LANE else f"{DURABLE}-{lane}"
+
+
+async def narrow_legacy_consumer(js: JetStreamContext) -> None:
+    """A store kept from before lanes has the main consumer taking all of ``trajwork.>``: it would take the
+    library lanes' work too, and no lane's consumer can be made beside it (filters on a work-queue stream must
+    not overlap). Narrow it to the main lane; its pending work and acknowledgements stay."""
+    try:
+        info = await js.consumer_info(subjects.STREAM_TRAJWORK, DURABLE)
+    except NotFoundError:
+        return
+    if info.config.filter_subject in subjects.STREAM_TRAJWORK_SUBJECTS:
+        narrowed = dataclasses.replace(
+            info.config, filter_subject=subjects.traj_work_filter(subjects.MAIN_LANE)
+        )
+        await js.add_consumer(subjects.STREAM_TRAJWORK, narrowed)
+        log.info("narrowed consumer %s to the main lane", DURABLE)
 
 
 @dataclass
@@ -128,21 +151,27 @@ class EnvManager:
         await rt.subscribe(subjects.CONTROL_GROUP_DONE, GroupDone, self.on_group_done)
         await rt.subscribe(subjects.CONTROL_GROUP_RESTART, GroupRestart, self.on_group_restart)
         await rt.subscribe(subjects.CONTROL_VERSION, StreamVersion, self.on_version)
-        consumer = WorkQueueConsumer(
-            rt,
-            stream=subjects.STREAM_TRAJWORK,
-            subject=subjects.STREAM_TRAJWORK_SUBJECTS[0],
-            durable=DURABLE,
-            ack_wait_s=self.settings.ack_wait_s,
-            capacity=self.settings.concurrency,
-            handler=self._accept,
-        )
+        await narrow_legacy_consumer(rt.js)
+        # One durable consumer per lane this manager serves, shared with every other manager serving it.
+        consumers = [
+            WorkQueueConsumer(
+                rt,
+                stream=subjects.STREAM_TRAJWORK,
+                subject=subjects.traj_work_filter(lane),
+                durable=durable(lane),
+                ack_wait_s=self.settings.ack_wait_s,
+                capacity=self.settings.concurrency,
+                handler=self._accept,
+            )
+            for lane in self.settings.lane_list()
+        ]
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(consumer.run())
+                for consumer in consumers:
+                    tg.create_task(consumer.run())
                 tg.create_task(self._progress_forever())
             # Shutting down: stop every trajectory and return it to the queue for another manager.
-            await consumer.finish(0)
+            await asyncio.gather(*(c.finish(0) for c in consumers))
         finally:
             await self.sandboxes.close()
 

@@ -178,6 +178,10 @@ async def _episode(
             return steps, "max_tokens", rewards, info
         want = min(budget, work.max_turn_tokens or budget)
         forced = await _scripted_reply(work, env, k) if work.scripted else None
+        if forced is not None:
+            want = min(
+                want, len(forced)
+            )  # the engine generates (the simulator: charges) the reply's tokens only
         mc = await call_model(ctx, work, k, len(ids), want, priority, ids, forced_ids=forced)
         out_ids = mc.res.output_ids
         if out_ids is None:

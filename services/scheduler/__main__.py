@@ -101,7 +101,13 @@ class Scheduler:
             await self.streams.close()
 
     async def _leader(self) -> str | None:
-        holder = await self.lease.holder()
+        try:
+            holder = await self.lease.holder()
+        except (
+            Exception
+        ) as e:  # NATS failing over: no answer now; the standby holds the request and asks again
+            log.debug("who holds the scheduler lease: %s", e)
+            return None
         return holder.address if holder is not None and holder.nonce != self.lease.me.nonce else None
 
 

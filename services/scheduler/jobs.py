@@ -212,10 +212,13 @@ class JobManager:
             )
             return self.kv_traj.put(kv_key(job.id, w.traj_id), encode(record))
 
+        # The job's lane: a library with a virtualenv of its own runs only in managers started from it.
+        subject = subjects.traj_work(job.id, subjects.work_lane(job.spec.env))
+
         def queue(w: TrajWork) -> Awaitable[object]:
             # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.
             headers = {"Nats-Msg-Id": results.msg_id(job.id, w.traj_id)}
-            return self.rt.js.publish(subjects.traj_work(job.id), encode(w), headers=headers)
+            return self.rt.js.publish(subject, encode(w), headers=headers)
 
         if not await self._write_live(job.id, works, meta):
             return
@@ -225,7 +228,7 @@ class JobManager:
         await self._write_live(job.id, works, queue)
         async with self._lock:
             if self._cancelled(job.id):  # what was queued before the cancel's purge saw it goes too
-                await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job.id))
+                await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subject)
                 return
             self.m_trajs.inc(len(works))
             job = msgspec.structs.replace(self.jobs[job.id], state="running", started_at=self.rt.clock.now())
@@ -277,6 +280,8 @@ class JobManager:
             self.done.pop(job_id, None)
         # Drop queued trajectories, then stop running ones and their engine requests.
         await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job_id))
+        # And what waits in the library lanes (gem: work goes to managers of its own).
+        await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work_lanes(job_id))
         await self.rt.nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(job_id)))
         await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=job_id)))
         log.info("job %s cancelled", job_id)

@@ -290,6 +290,8 @@ class StreamManager:
         await self._end_job(stream_id, "cancelled", error)
         js = self.rt.js
         await js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(stream_id))
+        # And what waits in the library lanes (gem: work goes to managers of its own).
+        await js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work_lanes(stream_id))
         await self.rt.nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(stream_id)))
         await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=stream_id)))
         task = self._assemblers.pop(stream_id, None)
@@ -495,9 +497,10 @@ class StreamManager:
     async def _publish_work(self, st: Stream, group: int) -> None:
         og = st.open[group]
         task = self.tasks[st.id][task_at(og.pos, st.n_tasks, st.spec.shuffle, st.spec.shuffle_seed)]
+        subject = subjects.traj_work(st.id, subjects.work_lane(st.spec.env))
         for w in group_works(st.id, st.spec.job_spec(), task, group, st.spec.async_bound):
             await self.rt.js.publish(
-                subjects.traj_work(st.id),
+                subject,
                 encode(w),
                 headers={"Nats-Msg-Id": results.msg_id(st.id, w.traj_id)},
             )

@@ -107,9 +107,9 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
     yield from start_loom_up(tmp_path_factory.mktemp("loom"))
 
 
-def start_loom_up(base: Path, *args: str) -> Iterator[LoomUp]:
-    """`loom up` in ``base`` (extra ``args`` for it), until the generator is closed; then its NATS log must
-    show no permission violation."""
+def start_loom_up(base: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[LoomUp]:
+    """`loom up` in ``base`` (extra ``args`` and ``env`` for it), until the generator is closed; then its NATS
+    log must show no permission violation."""
     home, log = base / "home", base / "up.log"
     port = free_port()
     with open(log, "wb") as out:
@@ -138,6 +138,7 @@ def start_loom_up(base: Path, *args: str) -> Iterator[LoomUp]:
                 "LOOM_LEASE_S": "2",
                 "LOOM_ENVMGR_ACK_WAIT_S": "5",
                 "LOOM_REWARD_ACK_WAIT_S": "5",
+                **(env or {}),
             },
         )
     up = LoomUp(home, f"http://127.0.0.1:{port}", proc, log)
@@ -158,6 +159,10 @@ def start_loom_up(base: Path, *args: str) -> Iterator[LoomUp]:
                 os.killpg(proc.pid, signal.SIGKILL)
     # Every service connects as its own NATS user: a subject its role lacks shows up here, not as a
     # message that silently went nowhere.
-    nats_log = home / "nats" / "nats-server.log"
-    violations = [line for line in nats_log.read_text().splitlines() if " Violation - Subject " in line]
+    violations = [
+        line
+        for nats_log in sorted(home.glob("nats*/**/nats-server.log"))
+        for line in nats_log.read_text().splitlines()
+        if " Violation - Subject " in line
+    ]
     assert not violations, "\n".join(violations[:20])

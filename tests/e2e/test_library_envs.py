@@ -132,3 +132,99 @@ def test_textarenas_openai_agent_plays_through_the_gateway(loom_up: LoomUp) -> N
         _every_step_has_ids_and_logprobs(t)
         assert all(len(s["output_ids"]) <= 16 for s in t["steps"])
         assert "Guess The Number" in chat.decode(t["steps"][0]["prompt_ids"])
+
+
+# ---------------------------------------------------------------- GEM (loom.envs.adapters.gem, its own venv)
+
+GEM_GUESS = "gem:game:GuessTheNumber-v0-easy"
+
+
+def _need_gem() -> None:
+    """GEM runs in .venv-gem (`make install` builds it), from which `loom up` starts a GEM-only manager."""
+    from loom.envs.adapters import gem
+
+    python = gem.default_python()
+    if python is None or not Path(python).exists():
+        pytest.skip("no GEM virtualenv (.venv-gem): `make install` builds it")
+
+
+def _gem_trajectories(up: LoomUp, tmp_path: Path, job_id: str, n: int) -> list[dict[str, Any]]:
+    job = up.wait_job(job_id, timeout=600)
+    assert job["state"] == "completed" and job["completed"] == n and job["failed"] == 0, job
+    trajs = _results(up, tmp_path, job_id)
+    assert len(trajs) == n
+    for t in trajs:
+        assert t["status"] == "completed" and t["finish_reason"] == "done", t
+        _every_step_has_ids_and_logprobs(t)
+        # The library's reward: GEM's reward for each step, summed.
+        rewards = t["info"]["verdict"]["rewards"]
+        assert len(rewards) == len(t["steps"]) and t["reward"] == pytest.approx(sum(rewards))
+    return trajs
+
+
+def test_gem_guess_the_number_runs_through_loom_up(loom_up: LoomUp, tmp_path: Path) -> None:
+    """The issue's spec, as written, on `loom up --workers 2`: eight trajectories of GEM's GuessTheNumber, run
+    by the GEM manager (the main one cannot import GEM), each with the engine's ids and log-probs and GEM's
+    reward; an id GEM does not register is a 422 at submission."""
+    _need_gem()
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    r = api.post("/v1/jobs", json={"env": "gem:game:GuessTheNumbr-v0-easy", "dataset": {"limit": 4}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
+    assert "did you mean game:GuessTheNumber-v0-easy" in r.text
+    spec = {"env": GEM_GUESS, "dataset": {"limit": 4}, "group_size": 2}
+    trajs = _gem_trajectories(loom_up, tmp_path, _submit(loom_up, tmp_path, spec), 8)
+    assert {t["task_id"] for t in trajs} == {"0", "1", "2", "3"}
+    firsts: dict[str, set[str]] = {}
+    for t in trajs:
+        assert t["env"] == GEM_GUESS and 1 <= len(t["steps"]) <= 4
+        first = chat.decode(t["steps"][0]["prompt_ids"])
+        assert (
+            first.startswith("<|im_start|>user\nYou are playing Guess The Number.")
+            and "between 1 and 10" in first
+        )
+        firsts.setdefault(t["task_id"], set()).add(first)
+        # Random replies hold no \boxed{N}: GEM ends the game with its format-error reward.
+        assert t["info"]["verdict"]["rewards"][-1] == -0.1
+    # A task is a seed: a group's samples play one game.
+    assert all(len(f) == 1 for f in firsts.values())
+
+
+def test_gem_guess_the_number_scripted_by_binary_search_wins(loom_up: LoomUp, tmp_path: Path) -> None:
+    """Scripted: each turn's reply is a binary search on GEM's higher/lower hints, teacher-forced through the
+    engine; GEM's hints come back as user turns and every game is won (reward 1)."""
+    _need_gem()
+    spec = {"env": GEM_GUESS, "dataset": {"offset": 4, "limit": 4}, "group_size": 2, "scripted": True}
+    spec["max_turn_tokens"] = 64  # the simulated engine times a forced reply by its token budget
+    trajs = _gem_trajectories(loom_up, tmp_path, _submit(loom_up, tmp_path, spec), 8)
+    assert any(len(t["steps"]) > 1 for t in trajs)
+    for t in trajs:
+        assert t["reward"] == 1.0 and t["info"]["verdict"]["rewards"][-1] == 1.0, t["info"]
+        assert all("\\boxed{" in s["action"] for s in t["steps"])
+        for s in t["steps"][1:]:
+            # What follows the reply: GEM's hint as a user turn, then the next generation prompt.
+            hint = chat.decode(s["prompt_ids"])
+            assert hint.startswith("\n<|im_start|>user\nAt turn") and "the target number is" in hint, hint
+
+
+def test_gem_gsm8k_uses_gems_python_tool_in_a_docker_sandbox(
+    sandbox_image: str, loom_up: LoomUp, tmp_path: Path
+) -> None:
+    """GEM's MathEnv on Loom's shipped GSM8K, wrapped in GEM's python_tool wrapper whose code runs in the
+    trajectory's Docker sandbox: a scripted policy calls the tool (a tool turn comes back) and then answers;
+    GEM grades it. A free-running one gets GEM's 0."""
+    _need_gem()
+    spec = {"env": "gem:math:GSM8K", "dataset": {"limit": 2}, "group_size": 2}
+    scripted = _submit(loom_up, tmp_path, {**spec, "scripted": True, "max_turn_tokens": 64})
+    free = _submit(loom_up, tmp_path, {**spec, "max_turn_tokens": 64, "max_turns": 3})
+    for t in _gem_trajectories(loom_up, tmp_path, scripted, 4):
+        assert t["info"]["sandbox"] == "docker"
+        tool, answer = t["steps"]
+        assert "<python>" in tool["action"] and "\\boxed{" in answer["action"]
+        result = chat.decode(answer["prompt_ids"])
+        assert result.startswith("\n<|im_start|>user\n<tool_response>\nCode execution result: "), result
+        # GEM's python_tool wrapper: 0.05 + 0.25 for a tool call that ran, then 1 for the right answer.
+        assert t["info"]["verdict"]["rewards"] == pytest.approx([0.3, 1.0]) and t["reward"] > 0
+        first = chat.decode(t["steps"][0]["prompt_ids"])
+        assert "Return your final answer within \\boxed{}." in first
+    for t in _gem_trajectories(loom_up, tmp_path, free, 4):
+        assert t["reward"] <= 0.0 or "<python>" in "".join(s["action"] for s in t["steps"])

@@ -188,7 +188,7 @@ def test_ctrl_c_stops_everything(loom_up: LoomUp) -> None:
 
 def _children(up: LoomUp) -> list[int]:
     state = up.state()
-    return [*state["pids"].values(), state["nats_pid"]]
+    return [*state["pids"].values(), *state["nats_pids"]]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -198,7 +198,8 @@ def test_sigterm_or_sigkill_to_loom_up_leaves_no_process_behind(tmp_path: Path, 
     gen = start_loom_up(tmp_path)
     up = next(gen)
     pids = _children(up)
-    assert len(pids) == 8 and all(pids)
+    # With GEM's virtualenv built, `loom up` also runs GEM's environment manager.
+    assert len(pids) == 8 + ("envmgr-gem" in up.state()["pids"]) and all(pids)
     up.proc.send_signal(sig)
     assert up.proc.wait(30) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
     assert outlive(pids, 25) == []

@@ -90,7 +90,7 @@ def test_sigterm_stops_loom_train_and_everything_it_started(tmp_path: Path) -> N
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     s = json.loads(state.read_text())
-    pids = [*s["pids"].values(), s["nats_pid"]]
+    pids = [*s["pids"].values(), *s["nats_pids"]]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) != 0  # interrupted, not finished
     assert outlive(pids, 25) == [], log.read_text()[-3000:]

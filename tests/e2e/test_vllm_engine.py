@@ -2,18 +2,14 @@
 --api vllm` (vLLM's HTTP API over the simulated engine): the job completes, and the server saw Loom's
 priorities, an abort and a fleet weight update.
 
-`loom up` runs its own rollout workers on the simulated engine (it sets LOOM_ROLLOUT_ENGINE for them), so it
-starts here with none, and the vLLM worker joins it as a worker beside an engine joins at scale: its own
-process, with the rollout role's NATS user and `loom up`'s clock."""
+`loom up` takes the rollout settings' own variables (or `--engine vllm --engine-url URL`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from loom import nats_auth
 from loom_cli.deploy import free_port, gather_health
 from tests.conftest import need_shared
 from tests.e2e.conftest import LOOM, LoomUp, start_loom_up
@@ -70,36 +65,20 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def loom_vllm(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> Iterator[LoomUp]:
+    """`LOOM_ROLLOUT_ENGINE=vllm LOOM_ROLLOUT_VLLM_URL=... loom up`: its rollout worker drives the server."""
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     base = tmp_path_factory.mktemp("loom")
-    up_run = start_loom_up(base, "--workers", "0")
+    env = {"LOOM_ROLLOUT_ENGINE": "vllm", "LOOM_ROLLOUT_VLLM_URL": vllm_url}
+    up_run = start_loom_up(base, "--workers", "1", env=env)
     up = next(up_run)
-    state = up.state()
-    users = nats_auth.stored(up.home / "nats")
-    env = {
-        **os.environ,
-        "LOOM_NATS_URL": str(state["nats_url"]),
-        "LOOM_SPEED": SPEED,
-        "LOOM_CLOCK_EPOCH": repr(state["epoch"]),
-        **nats_auth.role_env("rollout", users["rollout"]),
-        "LOOM_ROLLOUT_WORKER_ID": "vllm0",
-        "LOOM_ROLLOUT_ENGINE": "vllm",
-        "LOOM_ROLLOUT_VLLM_URL": vllm_url,
-        "PYTHONUNBUFFERED": "1",
-    }
-    with open(base / "worker.log", "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "services.rollout"], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
     try:
         deadline = time.monotonic() + 60
-        while not _serving(up, "vllm0"):
-            assert worker.poll() is None and time.monotonic() < deadline, (base / "worker.log").read_text()
+        while not _serving(up, "w0"):
+            assert time.monotonic() < deadline, "the vLLM worker never answered"
             time.sleep(0.5)
         yield up
     finally:
-        _stop(worker)
-        # Resumed to its end: it stops `loom up`, then checks that no user (the worker's too) was refused.
+        # Resumed to its end: it stops `loom up`, then checks that no user was refused.
         for _ in up_run:
             pass
 

@@ -251,7 +251,10 @@ async def test_a_forced_reply_is_scored_by_a_prefill_only_request(
     assert out.output_logprobs is not None and len(out.output_logprobs) == 3
     assert all(lp <= 0 for lp in out.output_logprobs)
     assert out.output_top_logprobs is not None
-    assert all(len(row) == 2 and t in [a for a, _ in row] for t, row in zip(reply, out.output_top_logprobs))
+    assert all(
+        len(row) == 2 and t in [a for a, _ in row]
+        for t, row in zip(reply, out.output_top_logprobs, strict=True)
+    )
     assert server.engine.load().generated_tokens == generated  # a prefill: no token decoded
     # The same as scoring the whole sequence by hand.
     body = {

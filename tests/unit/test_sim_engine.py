@@ -555,7 +555,7 @@ async def test_a_forced_reply_runs_as_a_generation_of_its_length(engine: SimEngi
     assert a.output_ids == b.output_ids == reply and a.output_len == 4 and a.decode_s > 0
     assert a.output_logprobs == b.output_logprobs and len(a.output_logprobs or []) == 4
     assert b.output_top_logprobs is not None and all(
-        t in [x for x, _ in row] for t, row in zip(reply, b.output_top_logprobs)
+        t in [x for x, _ in row] for t, row in zip(reply, b.output_top_logprobs, strict=True)
     )
     cut = await engine.generate(forced("c", n=2))
     assert cut.output_ids == reply[:2] and len(cut.output_logprobs or []) == 2

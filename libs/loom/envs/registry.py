@@ -107,6 +107,7 @@ KINDS: dict[str, Kind] = {
     "external": Special("external"),
     "reasoning_gym:": Library("loom.envs.adapters.reasoning_gym"),
     "skyrl_gym:": Library("loom.envs.adapters.skyrl_gym", loop="user"),
+    "gem:": Library("loom.envs.adapters.gem", loop="user"),
     "module:Class": ImportPath(),
 }
 IMPORT_PATH = "module:Class"

@@ -32,7 +32,10 @@ AffinityGpu = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]
 # path ``module:Class`` (loom.envs.api) from a module the operator allowed (loom.envs.registry resolves it).
 EnvName = Annotated[
     str,
-    Meta(pattern=r"^(replay|code|math|search|coin|external|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256),
+    # A library's names may hold more colons, dots and dashes (GEM's ``gem:game:GuessTheNumber-v0-easy``).
+    Meta(
+        pattern=r"^(replay|code|math|search|coin|external|[A-Za-z_][\w.]*:[A-Za-z_][\w.:-]*)$", max_length=256
+    ),
 ]
 RewardName = Annotated[str, Meta(pattern=r"^([a-z_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$", max_length=256)]
 

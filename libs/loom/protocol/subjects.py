@@ -64,8 +64,35 @@ CONTROL_GROUP_RESTART = control("group_restart")
 CONTROL_VERSION = control("version")
 
 
-def traj_work(job_id: str) -> str:
-    return f"{PREFIX}.trajwork.{job_id}"
+# Trajectory work (the LOOM_TRAJWORK work queue) goes by lanes. Most environments run in any environment
+# manager: the main lane, ``trajwork.<job>``. A library whose pins cannot share the main virtualenv (GEM's
+# antlr4 4.13 against hydra's 4.9) runs only in managers started from a virtualenv of its own: its
+# trajectories take a lane of their own, ``trajwork.<job>.<lane>``, which only those managers consume. The
+# consumers' filters must not overlap on a work-queue stream, and ``*`` against ``*.<lane>`` do not.
+MAIN_LANE = "main"
+# A library's env prefix -> its lane.
+LIBRARY_LANES = {"gem:": "gem"}
+LANES = (MAIN_LANE, *LIBRARY_LANES.values())
+
+
+def work_lane(env: str) -> str:
+    """The lane of a job's trajectories, from its ``env`` (``gem:game:...`` -> ``gem``)."""
+    prefix, colon, _ = env.partition(":")
+    return LIBRARY_LANES.get(prefix + colon, MAIN_LANE) if colon else MAIN_LANE
+
+
+def traj_work(job_id: str, lane: str = MAIN_LANE) -> str:
+    return f"{PREFIX}.trajwork.{job_id}" if lane == MAIN_LANE else f"{PREFIX}.trajwork.{job_id}.{lane}"
+
+
+def traj_work_lanes(job_id: str) -> str:
+    """The work of a job in every library lane (to purge it with; ``traj_work(job_id)`` is the main lane's)."""
+    return f"{PREFIX}.trajwork.{job_id}.>"
+
+
+def traj_work_filter(lane: str) -> str:
+    """What the consumers of ``lane`` take: one lane's work of every job."""
+    return f"{PREFIX}.trajwork.*" if lane == MAIN_LANE else f"{PREFIX}.trajwork.*.{lane}"
 
 
 # Reward work: one subject per tenant and job; each tenant has its own pull consumer (weighted fair share).
@@ -167,6 +194,8 @@ def group_restarted_key(job_id: str, group: int) -> str:
 KV_WORKERS = "loom_workers"
 KV_RLJOBS = "loom_rljobs"
 KV_STREAMS = "loom_streams"  # rollout streams (loom.protocol.Stream), key = stream id
+# Leases of the services one instance of which acts at a time (loom.lease), key = the service.
+KV_LEASES = "loom_leases"
 KV_WEIGHTS = "loom_weights"  # the weights each model's fleet serves (FleetWeights), key = model  # co-scheduled RL job specs, replayed in order on restart
 
 QUEUE_GROUP = "loom"
