@@ -124,6 +124,11 @@ class Lease:
                 self.revision = current[1]
                 self._renewed = time.monotonic()
                 return
+            # Lapsed with no one taking it (this instance was too busy to renew in time): no one else acted,
+            # so taking it again is safe; if another takes it first, the create fails and the lease is lost.
+            if current is None and await self.try_acquire():
+                log.warning("lease %s lapsed unclaimed; %s holds it again", self.key, self.me.instance)
+                return
             self.revision = None
             raise LeaseLost(
                 f"lease {self.key} was taken by {current[0].instance if current else 'no one'}"

@@ -57,3 +57,21 @@ async def test_a_renewal_whose_reply_was_lost_still_holds(nc: NATS) -> None:
     a.revision = await kv.update("router", (await kv.get("router")).value or b"", last=a.revision) - 1
     await a.renew()
     assert a.held and (await a.holder()) == a.me
+
+
+async def test_a_lease_that_lapsed_unclaimed_is_taken_again(nc: NATS) -> None:
+    """A holder too busy to renew within the ttl, with no standby to take over, keeps acting: it takes the
+    lapsed lease again at its next renewal (no one else acted meanwhile)."""
+    kv = await _bucket(nc, "lease_c")
+    a = Lease(kv, "scheduler", "a", ttl_s=TTL)
+    assert await a.try_acquire()
+    await asyncio.sleep(TTL + 1.5)  # lapsed
+    assert (await a.holder()) is None
+    await a.renew()
+    assert a.held and (await a.holder()) == a.me
+    # Lapsed and taken by another meanwhile: lost.
+    await asyncio.sleep(TTL + 1.5)
+    b = Lease(kv, "scheduler", "b", ttl_s=TTL)
+    assert await b.try_acquire()
+    with pytest.raises(LeaseLost, match="taken by b"):
+        await a.renew()
