@@ -44,14 +44,15 @@ class LoomUp:
         """The admin token `loom up` made and keeps in its home, as a request header."""
         return header((self.home / "api_token").read_text().strip())
 
-    async def connect(self, role: str) -> NATS:
-        """A NATS client of this Loom as ``role`` (loom.nats_auth), with the password `loom up` made."""
+    async def connect(self, role: str, reconnect: bool = False) -> NATS:
+        """A NATS client of this Loom as ``role`` (loom.nats_auth), with the password `loom up` made; it gives
+        up when its server goes unless it should ``reconnect`` (to another server of a cluster)."""
         users = json.loads((self.home / "nats" / nats_auth.USERS_FILE).read_text())
         return await bus.connect(
             str(self.state()["nats_url"]),
             f"test-{role}",
             credentials=(role, users[role]),
-            max_reconnect_attempts=0,
+            max_reconnect_attempts=-1 if reconnect else 0,
         )
 
     def state(self) -> dict:  # type: ignore[type-arg]

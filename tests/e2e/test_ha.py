@@ -68,7 +68,8 @@ class Trainer(threading.Thread):
             self.error = e
 
     async def _take(self) -> None:
-        nc = await self.up.connect("trainer")
+        # A trainer that reconnects, as the SDK's own connections do: its server may be the one killed.
+        nc = await self.up.connect("trainer", reconnect=True)
         spec = StreamSpec(
             dataset=DatasetRef(name="swe-replay", offset=40, limit=self.n_tasks),
             group_size=2,
