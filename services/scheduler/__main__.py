@@ -108,7 +108,11 @@ class Scheduler:
         ) as e:  # NATS failing over: no answer now; the standby holds the request and asks again
             log.debug("who holds the scheduler lease: %s", e)
             return None
-        return holder.address if holder is not None and holder.nonce != self.lease.me.nonce else None
+        if holder is None or holder.nonce == self.lease.me.nonce:
+            return None
+        # A dead holder that served at this instance's own address (this process is its restart, on its port):
+        # forwarding there would come back here; wait for its lease to lapse and a live one to take over.
+        return None if holder.address == self.lease.me.address else holder.address
 
 
 def main() -> None:
