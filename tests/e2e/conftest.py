@@ -55,6 +55,21 @@ class LoomUp:
             max_reconnect_attempts=-1 if reconnect else 0,
         )
 
+    def submit(self, tmp_path: Path, spec: dict) -> str:  # type: ignore[type-arg]
+        """Submit a job spec through `loom submit`; its id."""
+        f = tmp_path / "job.json"
+        f.write_text(json.dumps(spec))
+        r = self.cli("submit", str(f))
+        assert r.returncode == 0, r.stdout + r.stderr
+        return str(json.loads(r.stdout)["id"])
+
+    def results(self, tmp_path: Path, job_id: str) -> list[dict]:  # type: ignore[type-arg]
+        """A job's trajectories through `loom results`."""
+        out = tmp_path / f"{job_id}.ndjson"
+        r = self.cli("results", job_id, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
     def state(self) -> dict:  # type: ignore[type-arg]
         return json.loads((self.home / "state.json").read_text())  # type: ignore[no-any-return]
 

@@ -4,7 +4,6 @@ reference solution, so every reward must be 1."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -24,21 +23,6 @@ IMPORTS = Path(tempfile.gettempdir()) / f"loom-user-env-imports-{os.getpid()}"
 os.environ["LOOM_TEST_IMPORT_LOG"] = str(IMPORTS)
 
 
-def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
-    f = tmp_path / "job.json"
-    f.write_text(json.dumps(spec))
-    r = up.cli("submit", str(f))
-    assert r.returncode == 0, r.stdout + r.stderr
-    return str(json.loads(r.stdout)["id"])
-
-
-def _results(up: LoomUp, tmp_path: Path, job_id: str) -> list[dict[str, Any]]:
-    out = tmp_path / f"{job_id}.ndjson"
-    r = up.cli("results", job_id, "-o", str(out))
-    assert r.returncode == 0, r.stderr
-    return [json.loads(line) for line in out.read_text().splitlines()]
-
-
 def _search_tasks(n: int) -> list[dict[str, Any]]:
     qas = [q for q in hotpotqa.load().questions if q.reference][:n]
     return [{"id": q.id, "data": {"set": "hotpotqa"}} for q in qas]
@@ -55,10 +39,10 @@ def _search_tasks(n: int) -> list[dict[str, Any]]:
 def test_scripted_job_of_each_environment_scores_every_trajectory_1(
     sandbox_image: str, loom_up: LoomUp, tmp_path: Path, env: str, source: dict[str, Any], tools: set[str]
 ) -> None:
-    job_id = _submit(loom_up, tmp_path, {"env": env, **source, "group_size": 2, "scripted": True})
+    job_id = loom_up.submit(tmp_path, {"env": env, **source, "group_size": 2, "scripted": True})
     job = loom_up.wait_job(job_id, timeout=300)
     assert job["state"] == "completed" and job["completed"] == 6 and job["failed"] == 0, job
-    trajs = _results(loom_up, tmp_path, job_id)
+    trajs = loom_up.results(tmp_path, job_id)
     assert len(trajs) == 6
     for t in trajs:
         assert t["status"] == "completed" and t["finish_reason"] == "done", t
@@ -81,10 +65,10 @@ def test_redundant_rollouts_keep_group_size_samples_per_group(
         "redundancy": 2,
         "scripted": True,
     }
-    job_id = _submit(loom_up, tmp_path, spec)
+    job_id = loom_up.submit(tmp_path, spec)
     job = loom_up.wait_job(job_id, timeout=300)
     assert job["state"] == "completed" and job["n_trajectories"] == 8, job
-    trajs = _results(loom_up, tmp_path, job_id)
+    trajs = loom_up.results(tmp_path, job_id)
     for g in (0, 1):
         group = [t for t in trajs if t["group"] == g]
         kept = [t for t in group if t["status"] == "completed"]
@@ -99,8 +83,7 @@ def test_job_on_an_environment_from_outside_the_project_completes(
     # examples/loom-guess is installed as a user's package and allowed (LOOM_CODE_ALLOW); the simulated
     # engine's replies are random tokens, so the games are lost, but every turn is recorded as the engine
     # saw it: the chat template's prompt with the tools, the output ids and their log-probs.
-    guess = _submit(
-        loom_up,
+    guess = loom_up.submit(
         tmp_path,
         {
             "env": "loom_guess:Guess",
@@ -111,8 +94,7 @@ def test_job_on_an_environment_from_outside_the_project_completes(
             "sampling": {"logprobs": True},
         },
     )
-    quiz = _submit(
-        loom_up,
+    quiz = loom_up.submit(
         tmp_path,
         {
             "env": "loom_guess:ShellQuiz",
@@ -127,7 +109,7 @@ def test_job_on_an_environment_from_outside_the_project_completes(
     )
     job = loom_up.wait_job(guess, timeout=300)
     assert job["state"] == "completed" and job["completed"] == 6 and job["failed"] == 0, job
-    for t in _results(loom_up, tmp_path, guess):
+    for t in loom_up.results(tmp_path, guess):
         assert t["status"] == "completed" and t["finish_reason"] == "done", t
         assert t["reward"] == 0.0 and t["info"]["verdict"]["rewards"] == [None, 0.0], t["info"]
         first, second = t["steps"]
@@ -145,22 +127,19 @@ def test_job_on_an_environment_from_outside_the_project_completes(
         )
     job = loom_up.wait_job(quiz, timeout=300)
     assert job["completed"] == 2 and job["failed"] == 0, job
-    assert all(t["info"]["sandbox"] == "docker" for t in _results(loom_up, tmp_path, quiz))
+    assert all(t["info"]["sandbox"] == "docker" for t in loom_up.results(tmp_path, quiz))
 
 
 def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, tmp_path: Path) -> None:
     base = {"group_size": 2, "max_turns": 3, "max_turn_tokens": 8, "tool_timeout_s": 1}
     tasks = [{"id": "a", "data": {"turns": 2}}]
     jobs = {
-        name: _submit(
-            loom_up, tmp_path, {**base, "env": f"tests.integration.user_envs:{name}", "tasks": tasks}
-        )
+        name: loom_up.submit(tmp_path, {**base, "env": f"tests.integration.user_envs:{name}", "tasks": tasks})
         for name in ("RaisesInReset", "RaisesInStep", "HangsInStep", "BadInfo", "Echo")
     }
     # A reset that fails transiently is retried on a fresh instance: its trajectories complete.
     flaky = [{"id": f"f{i}", "data": {"turns": 1, "key": f"{tmp_path.name}-{i}"}} for i in range(2)]
-    jobs["FlakyReset"] = _submit(
-        loom_up,
+    jobs["FlakyReset"] = loom_up.submit(
         tmp_path,
         {**base, "env": "tests.integration.user_envs:FlakyReset", "tasks": flaky, "group_size": 1},
     )
@@ -173,12 +152,12 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
     for name, reason in reasons.items():
         job = loom_up.wait_job(jobs[name], timeout=300)
         assert job["failed"] == 2 and job["completed"] == 0, (name, job)
-        for t in _results(loom_up, tmp_path, jobs[name]):
+        for t in loom_up.results(tmp_path, jobs[name]):
             assert t["status"] == "failed" and reason in t["finish_reason"] and t["reward"] is None, t
     for name in ("Echo", "FlakyReset"):
         job = loom_up.wait_job(jobs[name], timeout=300)
         assert job["completed"] == 2 and job["failed"] == 0, (name, job)
-        assert all(t["reward"] == 0.5 for t in _results(loom_up, tmp_path, jobs[name]))
+        assert all(t["reward"] == 0.5 for t in loom_up.results(tmp_path, jobs[name]))
     # The environments' module was imported by the environment manager alone, never by the scheduler.
     importers = IMPORTS.read_text().splitlines()
     assert importers and all("services/envmgr" in line for line in importers), importers
@@ -197,16 +176,14 @@ def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: P
     assert "did you mean chain_sum" in r.text
     datasets = ("basic_arithmetic", "chain_sum")
     jobs = {
-        d: _submit(
-            loom_up,
+        d: loom_up.submit(
             tmp_path,
             {"env": f"reasoning_gym:{d}", "dataset": {"limit": 4}, "group_size": 2, "scripted": True},
         )
         for d in datasets
     }
     # Replies the (simulated) engine makes up: the ids and log-probs it produced, whatever the reward.
-    free = _submit(
-        loom_up,
+    free = loom_up.submit(
         tmp_path,
         {
             "env": "reasoning_gym:chain_sum",
@@ -222,7 +199,7 @@ def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: P
         items = reasoning_gym.create_dataset(d, seed=rg.SEED)
         job = loom_up.wait_job(job_id, timeout=300)
         assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
-        trajs = _results(loom_up, tmp_path, job_id)
+        trajs = loom_up.results(tmp_path, job_id)
         assert len(trajs) == 8 and {t["task_id"] for t in trajs} == {"0", "1", "2", "3"}
         for t in trajs:
             assert t["status"] == "completed" and t["finish_reason"] == "done", t
@@ -236,6 +213,6 @@ def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: P
             assert t["info"]["verdict"]["answer"] in step["action"]
     job = loom_up.wait_job(free, timeout=300)
     assert job["completed"] == 4 and job["failed"] == 0, job
-    for t in _results(loom_up, tmp_path, free):
+    for t in loom_up.results(tmp_path, free):
         (step,) = t["steps"]
         assert step["prompt_ids"] and len(step["output_ids"]) == len(step["output_logprobs"]) == 8, t

@@ -24,21 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).parents[2]
 
 
-def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
-    f = tmp_path / "job.json"
-    f.write_text(json.dumps(spec))
-    r = up.cli("submit", str(f))
-    assert r.returncode == 0, r.stdout + r.stderr
-    return str(json.loads(r.stdout)["id"])
-
-
-def _results(up: LoomUp, tmp_path: Path, job_id: str) -> list[dict[str, Any]]:
-    out = tmp_path / f"{job_id}.ndjson"
-    r = up.cli("results", job_id, "-o", str(out))
-    assert r.returncode == 0, r.stderr
-    return [json.loads(line) for line in out.read_text().splitlines()]
-
-
 def _every_step_has_ids_and_logprobs(t: dict[str, Any]) -> None:
     assert t["steps"], t
     for s in t["steps"]:
@@ -62,12 +47,11 @@ def test_skyrl_gym_gsm8k_multi_turn_runs_unchanged(loom_up: LoomUp, tmp_path: Pa
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
         assert words in r.text
     spec = {"env": "skyrl_gym:gsm8k_multi_turn", "dataset": {"limit": 4}, "group_size": 2}
-    free = _submit(loom_up, tmp_path, spec)
-    scripted = _submit(loom_up, tmp_path, {**spec, "scripted": True})
+    free = loom_up.submit(tmp_path, spec)
+    scripted = loom_up.submit(tmp_path, {**spec, "scripted": True})
     # With no max_turn_tokens the simulated engine spends the whole token budget in one reply; short turns
     # play SkyRL's episode out: a wrong reply is asked again, up to the environment's max_turns.
-    turns = _submit(
-        loom_up,
+    turns = loom_up.submit(
         tmp_path,
         {**spec, "dataset": {"limit": 2}, "env_params": {"max_turns": 3}, "max_turn_tokens": 16},
     )
@@ -75,7 +59,7 @@ def test_skyrl_gym_gsm8k_multi_turn_runs_unchanged(loom_up: LoomUp, tmp_path: Pa
     for job_id in (free, scripted):
         job = loom_up.wait_job(job_id, timeout=600)
         assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
-        trajs = _results(loom_up, tmp_path, job_id)
+        trajs = loom_up.results(tmp_path, job_id)
         assert len(trajs) == 8 and {t["task_id"] for t in trajs} == ids
         for t in trajs:
             assert t["status"] == "completed" and t["env"] == "skyrl_gym:gsm8k_multi_turn", t
@@ -93,7 +77,7 @@ def test_skyrl_gym_gsm8k_multi_turn_runs_unchanged(loom_up: LoomUp, tmp_path: Pa
                 assert "####" in step["action"]
     job = loom_up.wait_job(turns, timeout=300)
     assert job["state"] == "completed" and job["completed"] == 4 and job["failed"] == 0, job
-    for t in _results(loom_up, tmp_path, turns):
+    for t in loom_up.results(tmp_path, turns):
         _every_step_has_ids_and_logprobs(t)
         # Random replies earn no reward (nor the format's share), so SkyRL's episode runs to its max_turns.
         assert len(t["steps"]) == 3 and t["finish_reason"] == "done", t["info"]
@@ -151,7 +135,7 @@ def _need_gem() -> None:
 def _gem_trajectories(up: LoomUp, tmp_path: Path, job_id: str, n: int) -> list[dict[str, Any]]:
     job = up.wait_job(job_id, timeout=600)
     assert job["state"] == "completed" and job["completed"] == n and job["failed"] == 0, job
-    trajs = _results(up, tmp_path, job_id)
+    trajs = up.results(tmp_path, job_id)
     assert len(trajs) == n
     for t in trajs:
         assert t["status"] == "completed" and t["finish_reason"] == "done", t
@@ -172,7 +156,7 @@ def test_gem_guess_the_number_runs_through_loom_up(loom_up: LoomUp, tmp_path: Pa
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
     assert "did you mean game:GuessTheNumber-v0-easy" in r.text
     spec = {"env": GEM_GUESS, "dataset": {"limit": 4}, "group_size": 2}
-    trajs = _gem_trajectories(loom_up, tmp_path, _submit(loom_up, tmp_path, spec), 8)
+    trajs = _gem_trajectories(loom_up, tmp_path, loom_up.submit(tmp_path, spec), 8)
     assert {t["task_id"] for t in trajs} == {"0", "1", "2", "3"}
     firsts: dict[str, set[str]] = {}
     for t in trajs:
@@ -195,7 +179,7 @@ def test_gem_guess_the_number_scripted_by_binary_search_wins(loom_up: LoomUp, tm
     _need_gem()
     spec = {"env": GEM_GUESS, "dataset": {"offset": 4, "limit": 4}, "group_size": 2, "scripted": True}
     spec["max_turn_tokens"] = 64  # the simulated engine times a forced reply by its token budget
-    trajs = _gem_trajectories(loom_up, tmp_path, _submit(loom_up, tmp_path, spec), 8)
+    trajs = _gem_trajectories(loom_up, tmp_path, loom_up.submit(tmp_path, spec), 8)
     assert any(len(t["steps"]) > 1 for t in trajs)
     for t in trajs:
         assert t["reward"] == 1.0 and t["info"]["verdict"]["rewards"][-1] == 1.0, t["info"]
@@ -214,8 +198,8 @@ def test_gem_gsm8k_uses_gems_python_tool_in_a_docker_sandbox(
     GEM grades it. A free-running one gets GEM's 0."""
     _need_gem()
     spec = {"env": "gem:math:GSM8K", "dataset": {"limit": 2}, "group_size": 2}
-    scripted = _submit(loom_up, tmp_path, {**spec, "scripted": True, "max_turn_tokens": 64})
-    free = _submit(loom_up, tmp_path, {**spec, "max_turn_tokens": 64, "max_turns": 3})
+    scripted = loom_up.submit(tmp_path, {**spec, "scripted": True, "max_turn_tokens": 64})
+    free = loom_up.submit(tmp_path, {**spec, "max_turn_tokens": 64, "max_turns": 3})
     for t in _gem_trajectories(loom_up, tmp_path, scripted, 4):
         assert t["info"]["sandbox"] == "docker"
         tool, answer = t["steps"]
