@@ -153,6 +153,12 @@ class Runtime:
                 # Nothing can be flushed to a server that is gone: stop now, not after the drain's timeout.
                 await self._nc.close()
                 return
+            # Messages left in a callback-less subscription (a pull consumer's late status reply, say) have no
+            # reader once the service is stopping; the drain would wait its whole timeout for them. JetStream
+            # redelivers anything unacked, so dropping them loses nothing.
+            for sub in list(self._nc._subs.values()):
+                if sub._cb is None:
+                    await sub.unsubscribe()
             try:
                 await asyncio.wait_for(self._nc.drain(), timeout=10)
             except Exception as e:

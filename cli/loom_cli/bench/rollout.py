@@ -79,6 +79,11 @@ def _policy(text: str) -> PolicySpec:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    # Policies are checked before the workload loads and the predictor trains: a typo fails in a second.
+    name = args.policy
+    runs = {name: _policy(name)}
+    for b in filter(None, args.baselines.split(",")):
+        runs.setdefault(b, _policy(b))
     prompts = args.prompts if args.prompts is not None else (12 if args.quick else None)
     gpus = min(args.gpus, 8) if args.quick else args.gpus
     workload = load_workload(
@@ -88,10 +93,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.predictor == "learned":
         learned = cross_fitted(workload, learned_budget(args.quick, args.predictor_minutes, args.seed))
     cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=TOOL_S[args.workload])
-    name = args.policy
-    runs = {name: _policy(name)}
-    for b in filter(None, args.baselines.split(",")):
-        runs.setdefault(b, _policy(b))
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
         r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed, learned=learned)
