@@ -278,3 +278,13 @@ async def ensure_kv(
 
 def kv_key(*parts: str) -> str:
     return ".".join(parts)
+
+
+async def kv_keys(js: JetStreamContext, bucket: str) -> list[str]:
+    """The bucket's keys, read from its stream's subjects (a bucket ``b`` is stream ``KV_b`` over
+    ``$KV.b.<key>``, ADR-8). Never nats-py's ``KeyValue.keys()``: that reads a watch until one message says
+    nothing is pending, and while the bucket is written it returned no keys, or some, about one time in 18
+    (a standby taking over would have reloaded half the jobs). A deleted key is listed; its read fails."""
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(f"KV_{bucket}", subjects_filter=prefix + ">")
+    return [s[len(prefix) :] for s in info.state.subjects or {}]

@@ -1,13 +1,29 @@
-"""The worker registry (KV ``loom_workers``): rollout workers heartbeat their ``WorkerInfo`` into it."""
+"""The worker registry (KV ``loom_workers``): rollout workers heartbeat their ``WorkerInfo`` into it.
+
+Its keys are listed with ``bus.kv_keys``, never nats-py's ``KeyValue.keys()``, which while workers
+heartbeat returned no keys, or some, about one time in 18 (256 workers): a router polling it dropped its
+whole fleet in bursts. ``WorkerRegistry`` follows a watch instead and confirms a stale entry by a direct read.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 
-from nats.js.errors import KeyNotFoundError, NoKeysError
-from nats.js.kv import KeyValue
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from loom.protocol import DecodeError, WorkerInfo, decode
+from loom.bus import kv_keys
+from loom.protocol import DecodeError, WorkerInfo, decode, subjects
+
+log = logging.getLogger(__name__)
+
+# A bucket's stream and subjects, as NATS names them (ADR-8).
+STREAM = f"KV_{subjects.KV_WORKERS}"
+PREFIX = f"$KV.{subjects.KV_WORKERS}."
 
 # A worker is live while its last heartbeat is younger than this (wall seconds).
 LIVENESS_S = 6.0
@@ -15,32 +31,101 @@ LIVENESS_S = 6.0
 # late (its host busy loading weights and training on the same cores) but still serving must move with the
 # fleet, or it would keep the old weights; one that is really gone fails the pause, and the update with it.
 FLEET_MEMBER_S = 30.0
+# A registry entry this old is dropped from a watcher's view (the bucket's keys live 15 s).
+FORGET_S = 120.0
 
 
 def is_live(info: WorkerInfo, now: float | None = None, within_s: float = LIVENESS_S) -> bool:
     return ((now if now is not None else time.time()) - info.heartbeat_at) < within_s
 
 
-async def read_workers(
-    kv: KeyValue, live_only: bool = True, within_s: float = LIVENESS_S
-) -> dict[str, WorkerInfo]:
+def _info(data: bytes, headers: dict[str, str] | None) -> WorkerInfo | None:
+    if not data or (headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE):
+        return None
     try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return {}
-    out: dict[str, WorkerInfo] = {}
+        return decode(data, WorkerInfo)
+    except DecodeError:
+        return None
+
+
+async def _read(js: JetStreamContext, subject: str) -> WorkerInfo | None:
+    try:
+        msg = await js.get_last_msg(STREAM, subject)
+    except NotFoundError:
+        return None
+    return _info(msg.data or b"", msg.headers)
+
+
+async def read_workers(
+    js: JetStreamContext, live_only: bool = True, within_s: float = LIVENESS_S
+) -> dict[str, WorkerInfo]:
+    """Every registered worker (live ones only, by default)."""
+    keys = await kv_keys(js, subjects.KV_WORKERS)
+    found = await asyncio.gather(*(_read(js, PREFIX + k) for k in keys))
     now = time.time()
-    for k in keys:
-        try:
-            entry = await kv.get(k)
-        except KeyNotFoundError:
-            continue
-        if not entry.value:
-            continue
-        try:
-            info = decode(entry.value, WorkerInfo)
-        except DecodeError:
-            continue
-        if not live_only or is_live(info, now, within_s):
-            out[info.worker_id] = info
-    return out
+    return {w.worker_id: w for w in found if w is not None and (not live_only or is_live(w, now, within_s))}
+
+
+class WorkerRegistry:
+    """The live fleet, followed through a watch of the bucket (no request per worker per poll). A watch can
+    stall for seconds (its consumer is recreated after a server fails over), so an entry that looks stale is
+    read directly before its worker counts as gone."""
+
+    def __init__(self, js: JetStreamContext, kv: KeyValue, within_s: float = LIVENESS_S) -> None:
+        self.js = js
+        self.kv = kv
+        self.within_s = within_s
+        self.seen: dict[str, WorkerInfo] = {}
+        self._gone: dict[str, float] = {}  # key -> the stale heartbeat a direct read confirmed
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watcher: KeyValue.KeyWatcher | None = None
+
+    async def start(self) -> None:
+        self._watcher = await self.kv.watchall()
+        self._task = asyncio.create_task(self._follow(self._watcher))
+        await asyncio.wait_for(self._ready.wait(), 30)
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:  # the bucket's current entries are all in
+                self._ready.set()
+                continue
+            if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                self.seen.pop(entry.key, None)
+                continue
+            try:
+                self.seen[entry.key] = decode(entry.value, WorkerInfo)
+            except DecodeError:
+                log.warning("undecodable registry entry %s", entry.key)
+
+    async def live(self) -> dict[str, WorkerInfo]:
+        now = time.time()
+        out: dict[str, WorkerInfo] = {}
+        for key, info in list(self.seen.items()):
+            if now - info.heartbeat_at > FORGET_S:  # its key expired long ago; expiry sends no watch event
+                self.seen.pop(key, None)
+                self._gone.pop(key, None)
+                continue
+            if not is_live(info, now, self.within_s) and self._gone.get(key) != info.heartbeat_at:
+                fresh = await _read(self.js, PREFIX + key)
+                if fresh is None:
+                    self.seen.pop(key, None)
+                    continue
+                if fresh.heartbeat_at >= info.heartbeat_at:
+                    info = self.seen[key] = fresh
+                if not is_live(info, now, self.within_s):
+                    self._gone[key] = info.heartbeat_at
+            if is_live(info, now, self.within_s):
+                out[info.worker_id] = info
+                self._gone.pop(key, None)
+        return out

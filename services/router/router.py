@@ -49,7 +49,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.service import Runtime
-from loom.workers import read_workers
+from loom.workers import WorkerRegistry
 from services.router.settings import RouterSettings
 from services.router.transfers import Transfers
 
@@ -92,6 +92,10 @@ class Router:
         self.jobs: dict[str, JobRouting] = {}
         self.workers: dict[str, WorkerInfo] = {}
         self.queues: dict[str, WorkerQueue[Queued]] = defaultdict(WorkerQueue)
+        # rid -> the queue holding it, and trajectory -> its queued rids: a request or a re-prioritised
+        # trajectory touches its own queue, not every worker's (256 of them made each call 0.2 ms dearer).
+        self.queued_in: dict[str, str] = {}
+        self.traj_queued: dict[str, set[str]] = defaultdict(set)
         self.forwarded: dict[str, dict[str, float]] = defaultdict(dict)  # worker -> rid -> wall time
         self.rid_worker: dict[str, str] = {}
         self.rid_req: dict[str, GenRequest] = {}
@@ -127,8 +131,9 @@ class Router:
     async def _active(self, rt: Runtime) -> None:
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
         self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
-        self.kv_workers = await rt.js.key_value(subjects.KV_WORKERS)
-        self.workers = await read_workers(self.kv_workers)
+        self.registry = WorkerRegistry(rt.js, await rt.js.key_value(subjects.KV_WORKERS))
+        await self.registry.start()
+        self.workers = await self.registry.live()
         await rt.subscribe(subjects.GEN_REQUEST, GenRequest, self.on_gen, queue=subjects.QUEUE_GROUP)
         await rt.subscribe(subjects.GEN_ABORT, AbortRequest, self.on_abort)
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
@@ -146,6 +151,7 @@ class Router:
                 await rt.stopping.wait()
                 self.wake.set()
         finally:
+            await self.registry.stop()
             await self.transfers.close()
 
     def health(self) -> dict[str, Any]:
@@ -214,15 +220,31 @@ class Router:
             return
         if held_by is not None:
             self._forget(req.rid)
-        if any(req.rid in q for q in self.queues.values()):
+        if req.rid in self.queued_in:
             return
         jr = await self._job(req.job_id)
         worker = await self._route(req, jr)
         meta = self._meta(req)
         req.priority = jr.order.engine_priority(meta)
         self.rid_req[req.rid] = req
-        self.queues[worker].push(req.job_id, req.rid, Queued(req, time.time()), meta, jr.order)
+        self._enqueue(worker, Queued(req, time.time()), jr, meta)
         self.wake.set()
+
+    def _enqueue(self, worker: str, q: Queued, jr: JobRouting, meta: RequestMeta | None = None) -> None:
+        req = q.req
+        self.queues[worker].push(req.job_id, req.rid, q, meta or self._meta(req), jr.order)
+        self.queued_in[req.rid] = worker
+        self.traj_queued[kv_key(req.job_id, req.traj_id)].add(req.rid)
+
+    def _dequeued(self, req: GenRequest) -> None:
+        """Index upkeep once ``req`` has left its queue (popped or removed)."""
+        self.queued_in.pop(req.rid, None)
+        key = kv_key(req.job_id, req.traj_id)
+        rids = self.traj_queued.get(key)
+        if rids is not None:
+            rids.discard(req.rid)
+            if not rids:
+                del self.traj_queued[key]
 
     def _meta(self, req: GenRequest) -> RequestMeta:
         key = kv_key(req.job_id, req.traj_id)
@@ -311,24 +333,28 @@ class Router:
     async def _dispatch(self) -> None:
         if self.workers and len(self.queues[UNASSIGNED]):
             while (item := self.queues[UNASSIGNED].pop()) is not None:
-                rid, queued = item
+                _, queued = item
+                self._dequeued(queued.req)
                 jr = await self._job(queued.req.job_id)
-                worker = await self._route(queued.req, jr)
-                self.queues[worker].push(queued.req.job_id, rid, queued, self._meta(queued.req), jr.order)
-        for w, info in list(self.workers.items()):
+                self._enqueue(await self._route(queued.req, jr), queued, jr)
+        # Only workers with something queued: the rest have nothing to send, however much room they have.
+        for w in [w for w, q in self.queues.items() if len(q) and w in self.workers]:
             queue = self.queues[w]
-            room = info.max_running + self.settings.overcommit - len(self.forwarded[w])
+            room = self.workers[w].max_running + self.settings.overcommit - len(self.forwarded[w])
             while room > 0 and (item := queue.pop()) is not None:
                 _, queued = item
+                self._dequeued(queued.req)
                 self.m_queue_wait.observe(time.time() - queued.enqueued_at)
                 await self._forward(w, queued.req)
                 room -= 1
-        for w, wq in self.queues.items():
-            self.m_queued.labels(w or "unassigned").set(len(wq))
 
     async def _keepalive_forever(self) -> None:
         while not self.rt.stopping.is_set():
             self._age_orders()
+            # Gauges once a tick, not once a dispatch: setting 256 labelled gauges per call cost more than
+            # the routing itself.
+            for w, wq in self.queues.items():
+                self.m_queued.labels(w or "unassigned").set(len(wq))
             for q in list(self.queues.values()):
                 for rid, item in q.items():
                     ka = GenKeepalive(rid, self.rt.instance, "queued")
@@ -370,7 +396,7 @@ class Router:
     async def _registry_forever(self) -> None:
         while not self.rt.stopping.is_set():
             try:
-                workers = await read_workers(self.kv_workers)
+                workers = await self.registry.live()
             except Exception as e:
                 log.warning("worker registry unreadable: %s", e)
                 workers = self.workers
@@ -380,9 +406,9 @@ class Router:
                 log.warning("worker %s is gone; requeueing its %d queued requests", w, len(self.queues[w]))
                 for rid, q in self.queues[w].items():
                     self.queues[w].remove(rid)
+                    self._dequeued(q.req)
                     self.placement.pop(kv_key(q.req.job_id, q.req.traj_id), None)
-                    jr = await self._job(q.req.job_id)
-                    self.queues[UNASSIGNED].push(q.req.job_id, rid, q, self._meta(q.req), jr.order)
+                    self._enqueue(UNASSIGNED, q, await self._job(q.req.job_id))
                 for rid in list(self.forwarded[w]):
                     self._forget(rid)
             if gone or workers:
@@ -401,10 +427,15 @@ class Router:
     async def on_abort(self, a: AbortRequest, _msg: Msg) -> None:
         if a.rid is None and a.job_id is None and a.traj_id is None:
             return
-        for wq in self.queues.values():
+        held = self.queued_in.get(a.rid) if a.rid is not None else None
+        queues = (
+            list(self.queues.values()) if a.rid is None else [self.queues[held]] if held is not None else []
+        )
+        for wq in queues:
             for rid, item in wq.items():
                 if self._matches(item.req, a):
                     wq.remove(rid)
+                    self._dequeued(item.req)
                     self.rid_req.pop(rid, None)
         targets = {
             self.rid_worker[r]
@@ -426,8 +457,8 @@ class Router:
     async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
         key = kv_key(p.job_id, p.traj_id)
         self.priorities[key] = p.priority
-        for wq in self.queues.values():
-            wq.reprioritize(p.job_id, key, p.priority)
+        for w in {self.queued_in[rid] for rid in self.traj_queued.get(key, ())}:
+            self.queues[w].reprioritize(p.job_id, key, p.priority)
         jr = await self._job(p.job_id)
         if jr.planner is None or key not in jr.planner.where:
             return

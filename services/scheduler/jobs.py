@@ -16,10 +16,10 @@ from typing import TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
 from loom import results
-from loom.bus import kv_key
+from loom.bus import kv_key, kv_keys
 from loom.policies.placement import RoundRobinPlacement
 from loom.protocol import (
     PLAN_KEY,
@@ -71,6 +71,7 @@ class JobManager:
         self._lock = asyncio.Lock()
         self._starting: set[str] = set()  # jobs being placed and dispatched
         self._launching: set[asyncio.Task[None]] = set()
+        self._saving: set[str] = set()  # jobs whose progress save is scheduled
         m = rt.metrics
         self.m_jobs = m.counter("jobs_submitted_total", "Jobs accepted")
         self.m_trajs = m.counter("trajectories_dispatched_total", "Trajectories queued for environments")
@@ -81,17 +82,13 @@ class JobManager:
     async def start(self) -> None:
         self.kv_jobs = await self.rt.js.key_value(subjects.KV_JOBS)
         self.kv_traj = await self.rt.js.key_value(subjects.KV_TRAJ)
-        self.kv_workers = await self.rt.js.key_value(subjects.KV_WORKERS)
         await self._reload()
         await self.rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self._on_traj_done)
         # A cancel, wherever it comes from, ends the job's record as cancelled (not "running" for ever).
         await self.rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self._on_cancel)
 
     async def _reload(self) -> None:
-        try:
-            keys = await self.kv_jobs.keys()
-        except NoKeysError:
-            keys = []
+        keys = await kv_keys(self.rt.js, subjects.KV_JOBS)
         for k in keys:
             try:
                 entry = await self.kv_jobs.get(k)
@@ -176,7 +173,7 @@ class JobManager:
             job = self.jobs[job.id]
             if job.state != "pending" or job.id in self._starting:
                 return
-            workers = await read_workers(self.kv_workers)
+            workers = await read_workers(self.rt.js)
             if not workers:
                 log.info("job %s waits for rollout workers", job.id)
                 return
@@ -238,9 +235,26 @@ class JobManager:
     # ------------------------------------------------------------------ progress
 
     async def _on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
-        if ev.job_id in self.done:
-            self.done[ev.job_id][ev.traj_id] = ev.status
+        seen = self.done.get(ev.job_id)
+        if seen is None:
+            return
+        seen[ev.traj_id] = ev.status
+        job = self.jobs.get(ev.job_id)
+        if job is not None and len(seen) >= job.n_trajectories:
             await self._refresh(ev.job_id, recount=False)
+        elif ev.job_id not in self._saving:
+            # Progress is saved in batches: one save per finished trajectory rewrote a 45 KB record each
+            # time and made the scheduler the fleet's first bottleneck.
+            self._saving.add(ev.job_id)
+            asyncio.get_running_loop().call_later(
+                self.settings.progress_save_s, self._save_progress, ev.job_id
+            )
+
+    def _save_progress(self, job_id: str) -> None:
+        self._saving.discard(job_id)
+        task = asyncio.create_task(self._refresh(job_id, recount=False))
+        self._launching.add(task)
+        task.add_done_callback(self._launching.discard)
 
     async def _refresh(self, job_id: str, recount: bool = True) -> None:
         job = self.jobs.get(job_id)

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
+from loom.bus import kv_keys
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.intergroup import CoScheduler, RollMux
 from loom.policies.rollmux.job import RLJob
@@ -61,10 +62,7 @@ class RLJobManager:
 
     async def start(self) -> None:
         self.kv = await self.rt.js.key_value(subjects.KV_RLJOBS)
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            keys = []
+        keys = await kv_keys(self.rt.js, subjects.KV_RLJOBS)
         records = []
         for k in keys:
             try:

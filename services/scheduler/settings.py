@@ -34,6 +34,9 @@ class SchedulerSettings(LoomSettings):
     session_call_timeout_s: float = Field(900.0, gt=0)
     # How often pending jobs retry placement and running jobs are recounted (wall seconds).
     reconcile_s: float = 1.0
+    # A job's progress (its record in KV) is saved at most this often while trajectories finish (wall
+    # seconds); the one that finishes the job saves at once. A save rewrites the whole record, tasks and all.
+    progress_save_s: float = Field(0.25, ge=0)
     # Co-scheduling of RL jobs (RollMux): group size cap, warm-start cost per phase, tail migration point.
     rollmux_max_group: int = Field(5, ge=1)
     rollmux_warm_start: bool = True

@@ -25,10 +25,10 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
 from loom import results
-from loom.bus import request
+from loom.bus import kv_keys, request
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.protocol import (
     AbortRequest,
@@ -99,12 +99,8 @@ class StreamManager:
         self.kv = await js.key_value(subjects.KV_STREAMS)
         self.kv_jobs = await js.key_value(subjects.KV_JOBS)
         self.kv_groups = await js.key_value(subjects.KV_GROUPS)
-        self.kv_workers = await js.key_value(subjects.KV_WORKERS)
         self.kv_weights = await js.key_value(subjects.KV_WEIGHTS)
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            keys = []
+        keys = await kv_keys(self.rt.js, subjects.KV_STREAMS)
         for k in keys:
             with contextlib.suppress(KeyNotFoundError):
                 entry = await self.kv.get(k)
@@ -381,7 +377,7 @@ class StreamManager:
         key-value listing behind it can come back empty for a moment (seen once in 30 updates of a training run
         whose worker was serving), and a missed worker would fail the update."""
         for attempt in range(attempts):
-            members = await read_workers(self.kv_workers, within_s=FLEET_MEMBER_S)
+            members = await read_workers(self.rt.js, within_s=FLEET_MEMBER_S)
             workers = sorted(w for w, i in members.items() if i.model == model)
             if workers or attempt == attempts - 1:
                 return workers

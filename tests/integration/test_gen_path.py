@@ -9,7 +9,18 @@ from nats.aio.client import Client as NATS
 
 from loom.bus import BusError, kv_key, request
 from loom.genclient import GenClient, GenFailed
-from loom.protocol import AbortRequest, DeadLetter, GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
+from loom.protocol import (
+    AbortRequest,
+    DeadLetter,
+    GenRequest,
+    PriorityUpdate,
+    TrajMeta,
+    WorkerInfo,
+    decode,
+    encode,
+    subjects,
+)
+from services.router.router import Router
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until
 
@@ -131,3 +142,46 @@ async def test_malformed_messages_get_errors_and_dead_letters(nc: NATS, services
     assert ok.output_len == 200
     kv = await js.key_value(subjects.KV_WORKERS)
     assert decode((await kv.get("w0")).value or b"", WorkerInfo).engine == "sim"
+
+
+def _index_holds(router: Router) -> bool:
+    """The router's indexes name exactly what its queues hold."""
+    held = {rid: w for w, q in router.queues.items() for rid, _ in q.items()}
+    by_traj: dict[str, set[str]] = {}
+    for _w, q in router.queues.items():
+        for rid, item in q.items():
+            by_traj.setdefault(kv_key(item.req.job_id, item.req.traj_id), set()).add(rid)
+    return router.queued_in == held and dict(router.traj_queued) == by_traj
+
+
+async def test_queued_requests_are_indexed_through_reprioritising_aborts_and_a_lost_worker(
+    nc: NATS, services: Services
+) -> None:
+    """The router finds a queued request, and a trajectory's queued requests, by index rather than by
+    searching every worker's queue; each way a request leaves a queue keeps the index exact."""
+    worker = await start_worker(services, "w0", max_running=1)
+    router = await start_router(services)
+    await until(lambda: set(router.workers) == {"w0"})
+    client = GenClient(nc, lease_s=1.0)
+    busy = asyncio.create_task(client.generate(_req("busy.0", "tz", n=100_000)))
+    await until(lambda: worker.engine.load().running == 1)
+    calls = {
+        rid: asyncio.create_task(client.generate(_req(rid, traj, n=50)))
+        for rid, traj in [("a.0", "ta"), ("b.0", "tb"), ("b.1", "tb"), ("c.0", "tc")]
+    }
+    await until(lambda: len(router.queued_in) == 4)
+    assert _index_holds(router) and router.traj_queued[kv_key("job-1", "tb")] == {"b.0", "b.1"}
+    await nc.publish(subjects.CONTROL_PRIORITY, encode(PriorityUpdate("job-1", "tb", priority=5.0)))
+    await nc.publish(subjects.GEN_ABORT, encode(AbortRequest(rid="a.0")))
+    await until(lambda: "a.0" not in router.queued_in)
+    assert _index_holds(router) and kv_key("job-1", "ta") not in router.traj_queued
+    calls.pop("a.0").cancel()
+    # The worker dies: its queue moves to the unassigned queue, and on to the next worker.
+    await services.crash("w0")
+    await until(lambda: set(router.queued_in.values()) == {""}, within_s=20)
+    assert _index_holds(router)
+    await start_worker(services, "w1", max_running=4)
+    done = await asyncio.wait_for(asyncio.gather(*calls.values()), 30)
+    assert {r.worker_id for r in done} == {"w1"}
+    assert router.queued_in == {} and dict(router.traj_queued) == {}
+    busy.cancel()
