@@ -65,6 +65,7 @@ def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
             assert low <= out["prediction"][k][m]["estimate"] <= high
     assert set(out["policies"]) == {"heddle", "verl", "verl_star", "slime"}
     assert set(out["throughput_ratio"]) == {"verl", "verl_star", "slime"}
+    assert set(out["tail_share_ratio"]) == {"verl", "verl_star", "slime"} and out["tail_cut_vs_slime"] < 1
     for r in out["policies"].values():
         assert r["makespan_over_lb"] >= 1.0 and r["output_tokens"] == out["output_tokens"]
         assert r["lower_bound_s"] == max(r["lower_bound_terms"].values())
@@ -98,6 +99,17 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
             assert len(tokens) == 1  # every system generated the whole workload
             for r in cell["systems"].values():
                 assert r["throughput_tok_s"] > 0 and r["makespan_over_lb"] >= 1.0
+            # The tail: each system's share of the makespan spent on its last 10% of trajectories.
+            assert set(cell["tail_share"]) == systems and set(cell["tail_share_ratio"]) == systems - {
+                "heddle"
+            }
+            assert all(0 <= x < 1 for x in cell["tail_share"].values()) and cell["tail_cut_vs_slime"] < 1
+    assert out["min_ratio_vs_best"] == min(
+        c["vs_best_baseline"] for m in out["overall"].values() for c in m.values()
+    )
+    assert out["min_learned_share"] is None or out["min_learned_share"] <= max(
+        v for v in out["learned_keeps_of_oracle_gain"].values() if v is not None
+    )
     want = {
         "scheduling": {"fcfs", "rr", "autellix", "pps"},
         "placement": {"least_load", "cache_aware", "loom"},

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loom.harness.bounds import critical_path, lower_bound, throughput_bound
 from loom.harness.cluster import Cluster, allocate
 from loom.harness.envs import Faults, redundancy_speedup, with_latency
-from loom.harness.rollout import run_rollout
+from loom.harness.rollout import RolloutResult, run_rollout
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import coding
 from loom.workloads.base import Workload, WorkStep, WorkTraj
@@ -94,3 +96,13 @@ def test_timelines_cover_the_rollout(small: Workload) -> None:
     assert r.gantt and {w for w, *_ in r.gantt} <= {0, 1}
     assert all(0 <= a <= b <= r.makespan_s + 1e-9 for _, a, b, _ in r.gantt)
     assert set(r.breakdown) == {"queueing_s", "base_s", "interference_s", "tool_s"}
+
+
+@given(st.lists(st.floats(0.0, 1e4, allow_nan=False), min_size=1, max_size=200))
+def test_the_tail_is_what_follows_the_first_ninety_percent(finish: list[float]) -> None:
+    """Against brute force: the earliest moment by which at least 90% of the trajectories had finished."""
+    makespan = max(finish)
+    r = RolloutResult(makespan, 1, 1.0, 1.0, 1.0, 0.0, [1], 0, 0.0, finish_s=finish)
+    t90 = min(t for t in finish if sum(f <= t for f in finish) >= 0.9 * len(finish))
+    assert r.tail_s == pytest.approx(makespan - t90)
+    assert 0.0 <= r.tail_share <= 1.0

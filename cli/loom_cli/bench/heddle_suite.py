@@ -39,7 +39,7 @@ from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
 from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.rollout import TOOL_S, learned_budget, prediction_quality
+from loom_cli.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -242,6 +242,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
                 "speedup": ratios,
                 "vs_best_baseline": min(ratios.values()),
                 "makespan_over_lb": runs["heddle"]["makespan_over_lb"],
+                **tail_figures(runs),
                 "oracle": {
                     "throughput_tok_s": oracle["throughput_tok_s"],
                     "makespan_over_lb": oracle["makespan_over_lb"],
@@ -286,6 +287,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         },
         "makespan_breakdown": cell["systems"]["heddle"]["makespan_breakdown"],
     }
+    shares = [v for v in kept.values() if v is not None]
     return {
         "benchmark": "heddle-suite",
         "gpus": plan.gpus,
@@ -293,6 +295,10 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "cells": len(results),
         "predictor": "learned",
         "target": target,
+        # Issue 38's bar: every cell at least 1.2x its best baseline, the learned predictor keeping at least
+        # 0.8 of the oracle's gain on every workload.
+        "min_ratio_vs_best": min(c["vs_best_baseline"] for by_m in overall.values() for c in by_m.values()),
+        "min_learned_share": min(shares) if len(shares) == len(kept) else None,
         "learned_keeps_of_oracle_gain": kept,
         "overall": overall,
         **ablations,
@@ -301,11 +307,13 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
 
 def _print(out: dict[str, Any]) -> None:
     t = Table(title=f"Heddle suite, {out['gpus']} GPUs: Loom's throughput over each baseline")
-    for c in ("workload", "model", "Loom tok/s", "x verl", "x verl*", "x slime", "Loom makespan/LB"):
+    cols = ("workload", "model", "Loom tok/s", "x verl", "x verl*", "x slime", "Loom makespan/LB")
+    for c in (*cols, "tail share Loom / slime", "tail cut vs slime"):
         t.add_column(c, justify="right")
     for w, by_model in out["overall"].items():
         for m, r in by_model.items():
-            sp = r["speedup"]
+            sp, tail = r["speedup"], r["tail_share"]
+            cut = r.get("tail_cut_vs_slime")
             t.add_row(
                 w,
                 m,
@@ -314,6 +322,8 @@ def _print(out: dict[str, Any]) -> None:
                 f"{sp['verl_star']:.2f}",
                 f"{sp['slime']:.2f}",
                 f"{r['makespan_over_lb']:.2f}",
+                f"{tail['heddle']:.0%} / {tail['slime']:.0%}",
+                "-" if cut is None else f"{cut:.0%}",
             )
     Console().print(t)
     for exp in ("scheduling", "placement", "resources", "prediction"):
@@ -331,6 +341,10 @@ def _print(out: dict[str, Any]) -> None:
         f"{tg['vs_best_baseline']} (want >= {TARGET['vs_best_baseline']}), makespan/LB "
         f"{tg['makespan_over_lb']} (want <= {TARGET['makespan_over_lb']}); Loom's last trajectory: "
         f"{tg['makespan_breakdown']}; wall {out['wall_s']} s"
+    )
+    Console().print(
+        f"Every cell over its best baseline: at least {out['min_ratio_vs_best']}x (want >= 1.2); the learned "
+        f"predictor keeps at least {out['min_learned_share']} of the oracle's gain (want >= 0.8)"
     )
 
 

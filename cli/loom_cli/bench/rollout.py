@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for b, r in results.items()
             if b != name
         },
+        **{k: v for k, v in tail_figures(results, name).items() if k != "tail_share"},
         "policies": results,
     }
     _print(out)
@@ -162,6 +163,25 @@ def prediction_quality(workload: Workload, learned: Learned) -> dict[str, Any]:
     return out
 
 
+def tail_figures(runs: dict[str, dict[str, Any]], loom: str = "heddle") -> dict[str, Any]:
+    """Each system's tail share (the makespan's share spent finishing the last 10% of trajectories), Loom's
+    against each baseline's, and the share of slime's tail seconds Loom cuts (Seer's measure)."""
+    mine = runs[loom]
+    return {
+        "tail_share": {s: r["tail_share"] for s, r in runs.items()},
+        "tail_share_ratio": {
+            s: round(mine["tail_share"] / r["tail_share"], 3) if r["tail_share"] > 0 else None
+            for s, r in runs.items()
+            if s != loom
+        },
+        **(
+            {"tail_cut_vs_slime": round(1 - mine["tail_s"] / runs["slime"]["tail_s"], 3)}
+            if runs.get("slime", {}).get("tail_s")
+            else {}
+        ),
+    }
+
+
 def _print(out: dict[str, Any]) -> None:
     t = Table(
         title=f"Rollout: {out['workload']}, {out['model']}, {out['gpus']} GPUs, {out['trajectories']} trajectories"
@@ -173,6 +193,7 @@ def _print(out: dict[str, Any]) -> None:
         "makespan / LB",
         "longest queueing s",
         "migrations",
+        "tail share",
         "wall s",
     ):
         t.add_column(c, justify="right")
@@ -184,6 +205,7 @@ def _print(out: dict[str, Any]) -> None:
             f"{r['makespan_over_lb']:.2f}",
             f"{r['longest_traj_queueing_s']:,.0f}",
             str(r["migrations"]),
+            f"{r['tail_share']:.0%}",
             f"{r['wall_s']:.1f}",
         )
     Console().print(t)

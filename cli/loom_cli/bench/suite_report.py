@@ -182,6 +182,24 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         f"x best baseline {tg['vs_best_baseline']} (want >= {tg['want']['vs_best_baseline']}), "
         f"makespan/LB {tg['makespan_over_lb']} (want <= {tg['want']['makespan_over_lb']}).",
         "",
+        f"Every cell over its best baseline: at least {out.get('min_ratio_vs_best')}x (want >= 1.2); the learned "
+        f"predictor keeps at least {out.get('min_learned_share')} of the oracle's gain (want >= 0.8).",
+        "",
+        "### The tail",
+        "",
+        "The share of the makespan spent finishing the last 10% of trajectories (Seer's long-tail measure), and "
+        "the share of slime's tail seconds Loom cuts.",
+        "",
+        "| workload | model | Loom | verl | verl* | slime | tail cut vs slime |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {w} | {m} | "
+            + " | ".join(f"{r['tail_share'][x]:.0%}" for x in ("heddle", "verl", "verl_star", "slime"))
+            + f" | {r.get('tail_cut_vs_slime', float('nan')):.0%} |"
+            for w, by_model in out["overall"].items()
+            for m, r in by_model.items()
+        ),
+        "",
         "LB is the larger of the longest trajectory's critical path (batch 1, best degree, no queueing) and all "
         "the work (decodes reading their context, observations prefilled) in as few iterations as the batch "
         "limit and KV cache allow on the best degree; `loom.harness.bounds` says why no schedule beats it.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ from loom.workloads.base import Workload, WorkTraj
 
 # Loom's learned model (cross-fitted, ``loom.harness.learned``) first; the rest are ablations.
 PREDICTORS = ("learned", "oracle", "history", "none")
+# The tail is what follows the moment this share of the trajectories has finished.
+TAIL_QUANTILE = 0.9
 
 
 class _Predictor:
@@ -144,6 +147,19 @@ class RolloutResult:
     gantt: list[tuple[int, float, float, int]] = field(repr=False, default_factory=list)
     steps_done: list[tuple[float, int]] = field(repr=False, default_factory=list)
 
+    @property
+    def tail_s(self) -> float:
+        """Seconds spent finishing the last 10% of trajectories: the makespan less the moment the first 90%
+        had all finished (Seer's long-tail measure)."""
+        if not self.finish_s:
+            return 0.0
+        fin = sorted(self.finish_s)
+        return self.makespan_s - fin[math.ceil(TAIL_QUANTILE * len(fin)) - 1]
+
+    @property
+    def tail_share(self) -> float:
+        return self.tail_s / self.makespan_s if self.makespan_s > 0 else 0.0
+
     def active_over_time(self, bins: int = 100) -> tuple[list[float], list[int]]:
         """Trajectories not yet finished, sampled at ``bins`` points up to the makespan."""
         ts = np.linspace(0.0, self.makespan_s, bins + 1)
@@ -167,6 +183,8 @@ class RolloutResult:
             "makespan_over_lb": round(self.makespan_over_lb, 3),
             "lower_bound_terms": self.bound_terms,
             "longest_traj_queueing_s": round(self.longest_traj_queueing_s, 1),
+            "tail_s": round(self.tail_s, 2),
+            "tail_share": round(self.tail_share, 4),
             "output_tokens": self.output_tokens,
             "workers": len(self.degrees),
             "degrees": sorted(set(self.degrees), reverse=True),
