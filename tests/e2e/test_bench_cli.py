@@ -57,7 +57,8 @@ def test_bench_rollout_rejects_an_unknown_policy() -> None:
 
 def test_bench_rollout_compares_the_policy_with_every_baseline() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
-    out = _bench("rollout", "--quick")
+    # The first to train the quick predictor (cached for the others): about a minute alone, more beside CI.
+    out = _bench("rollout", "--quick", timeout=360)
     assert out["predictor"] == "learned" and out["siblings"] == "varied"
     for k in ("step0", "step2"):  # the learned model's quality, with intervals
         for m in ("recall", "pearson"):
