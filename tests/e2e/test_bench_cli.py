@@ -180,6 +180,15 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     for batch in ("b1", "b32"):
         assert 0 < out["latency_ms"][batch]["p50"] <= out["latency_ms"][batch]["p99"]
     assert (tmp_path / "progressive" / "model.onnx").exists()
+    # Kendall's tau-b within batches on every trace set, for the learned model and each free heuristic.
+    assert set(out["ranking"]) == {"coding", "search", "tool_use"}
+    for rows in out["ranking"].values():
+        assert "step0" in rows
+        for step in ("step0", "step1", "step2", "step5"):
+            for m in rows.get(step, {}).values():
+                low, high = m["ci95"]
+                assert -1.0 <= low <= m["tau"] <= high <= 1.0 and m["batches"] >= 1
+        assert set(rows["step0"]) == {"learned", "served", "first_sibling", "previous_epoch", "prompt_length"}
 
 
 def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:

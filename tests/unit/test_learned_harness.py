@@ -41,11 +41,15 @@ def test_a_varied_sibling_is_read_as_its_own_sequence_of_recorded_steps() -> Non
         queries = learned._queries(t, trace, {})
         assert len(queries) == len(t.steps)
         generated = 0
-        for k, (_, feats) in enumerate(queries):
+        assert [k for k, _, _ in queries] == list(range(len(t.steps)))
+        for k, _, feats in queries:
             assert feats[0] == pytest.approx(np.log1p(k)) and feats[1] == pytest.approx(
                 np.log1p(generated) / 10
             )
             generated += t.steps[k].output_len
+        # An evaluation asks at a few steps only: those the trajectory reaches.
+        some = learned._queries(t, trace, {}, steps=(0, 2, 10_000))
+        assert [k for k, _, _ in some] == [k for k in (0, 2) if k < len(t.steps)]
 
 
 def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollout(

@@ -13,6 +13,12 @@ Each figure comes with a 95% bootstrap interval over the test trajectories, and 
 compared with each of the others on the same resamples (``step2_against``): with a few dozen test
 trajectories the top 10% is a handful, and a recall moves in steps of one trajectory.
 
+Ranking within batches (``loom.predict.ranking``): on each of the three trace sets (coding, search, tool use)
+as the rollout benchmarks replay them, Kendall's tau-b within batches at steps 0, 1, 2 and 5 for Loom's
+learned model (cross-fitted by prompt, as ``loom bench rollout`` runs it), the model refined by finished
+siblings as the service serves it, and the free heuristics (a group's first finished sibling, the prompt's
+previous epoch, the prompt's length), each with a 95% interval over batches.
+
 Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens, in a process of its
 own as the service runs it, the contexts tokenised beforehand as the service does on each request's
 arrival; ``tokenize_per_request`` is what that costs for one step-2 context.
@@ -34,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.predict import evaluate
+from loom.predict.ranking import METHODS as RANK_METHODS
 from loom_cli.bench.registry import Benchmark
 
 # Steps 0 to 2 as in Heddle's Figure 13 (and the acceptance line); the later ones, over the trajectories that
@@ -44,6 +51,9 @@ QUICK_TRACES = 120
 METRICS = (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson))
 # Fewer test trajectories than this (at all, or reaching a step) say nothing about a tail of 10%.
 MIN_TRAJECTORIES = 10
+# Prompts of each trace set ranked (None: all); coding's trajectories are long, and its queries many.
+RANK_PROMPTS: dict[str, int | None] = {"coding": 64, "search": None, "tool_use": None}
+QUICK_RANK_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use": 6}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,17 +145,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     held_out = set(test_ids)
     test_traces = [t for t in traces if t.id in held_out]
     latency = _latency(progressive.path, data["test"], test_traces, 30 if args.quick else 300)
+    ranking = _ranking(args.quick, args.seed, console)
     result = {
         "benchmark": "predictor",
         "trajectories": {k: len({e.traj_id for e in v}) for k, v in data.items()},
         "methods": methods,
         "step2_against": _step2_against(totals, actual_of),
         "latency_ms": latency,
+        "ranking": ranking,
         "training": training,
         "wall_s": round(time.monotonic() - started, 1),
     }
     _print(console, result)
     return result
+
+
+def _ranking(quick: bool, seed: int, console: Console) -> dict[str, Any]:
+    """Kendall's tau-b within batches per trace set, step and method (``loom.predict.ranking``)."""
+    from loom.harness.learned import cross_fitted
+    from loom.predict.ranking import STEPS as RANK_STEPS
+    from loom.predict.ranking import ranking_report
+    from loom_cli.bench.rollout import GROUP, learned_budget, load_workload
+
+    out: dict[str, Any] = {}
+    for name, prompts in (QUICK_RANK_PROMPTS if quick else RANK_PROMPTS).items():
+        w = load_workload(name, prompts, GROUP[name], seed)
+        learned = cross_fitted(w, learned_budget(quick, None, seed), console.print, steps=RANK_STEPS)
+        out[name] = {
+            "trajectories": len(w.trajectories),
+            "group": GROUP[name],
+            **ranking_report(w, learned.totals, learned.admission_log_sd, RANK_STEPS),
+        }
+    return out
 
 
 def _intervals(actual: Sequence[float], predicted: Sequence[float]) -> dict[str, list[float]]:
@@ -235,6 +266,23 @@ def _print(console: Console, r: dict[str, Any]) -> None:
                 for m, v in row.items()
             )
         )
+    t = Table(title="Kendall's tau-b within batches of 8 prompts (95% interval over batches)")
+    for col in ("trace set", "step", *RANK_METHODS):
+        t.add_column(col, justify="right")
+    for name, rows in r["ranking"].items():
+        for step, methods in rows.items():
+            if step.startswith("step"):
+                t.add_row(
+                    name,
+                    step[4:],
+                    *(
+                        f"{methods[m]['tau']:+.2f} ({methods[m]['ci95'][0]:+.2f}..{methods[m]['ci95'][1]:+.2f})"
+                        if m in methods
+                        else "-"
+                        for m in RANK_METHODS
+                    ),
+                )
+    console.print(t)
     lat = r["latency_ms"]
     console.print(
         "latency (ONNX Runtime): "

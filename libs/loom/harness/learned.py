@@ -146,16 +146,19 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
     return paths
 
 
-def _queries(t: WorkTraj, trace: Trace, cache: dict[str, list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """What the service is sent at each of the trajectory's prediction points (0 to n - 1 calls done): its
-    own sequence of recorded actions and observations, with its own calls."""
+def _queries(
+    t: WorkTraj, trace: Trace, cache: dict[str, list[int]], steps: Sequence[int] | None = None
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """What the service is sent at each of the trajectory's prediction points (0 to n - 1 calls done, or
+    those of ``steps`` it reaches): its own sequence of recorded actions and observations, with its own
+    calls."""
     from loom.predict.dataset import prediction_points
 
     origin = t.origin or tuple(range(len(t.steps)))
     actions = [trace.steps[i].action for i in origin]
     observations = [trace.steps[i].observation for i in origin]
-    points = prediction_points(trace.task, actions, observations, t.calls, cache=cache)
-    return [(ids, features) for _, _, ids, features in points]
+    points = prediction_points(trace.task, actions, observations, t.calls, steps, cache=cache)
+    return [(k, ids, features) for k, _, ids, features in points]
 
 
 @dataclass(frozen=True)
@@ -174,17 +177,21 @@ class _Query:
     features: np.ndarray
 
 
-def _workload_key(w: Workload) -> str:
-    h = hashlib.sha1(str(QUERY_VERSION).encode())
+def _workload_key(w: Workload, steps: Sequence[int] | None = None) -> str:
+    h = hashlib.sha1(f"{QUERY_VERSION}{'' if steps is None else sorted(steps)}".encode())
     for t in w.trajectories:
         h.update(f"{t.id}|{t.trace}|{t.origin}|{t.calls};".encode())
     return h.hexdigest()[:16]
 
 
 def cross_fitted(
-    workload: Workload, budget: Budget | None = None, log: Callable[[str], None] | None = None
+    workload: Workload,
+    budget: Budget | None = None,
+    log: Callable[[str], None] | None = None,
+    steps: Sequence[int] | None = None,
 ) -> Learned:
-    """Each trajectory's predicted total length after 0, 1, ..., n - 1 calls, by the model of its fold."""
+    """Each trajectory's predicted total length after 0, 1, ..., n - 1 calls, by the model of its fold; with
+    ``steps``, only after those (the others are NaN): a fraction of the queries, for an evaluation."""
     budget = budget or Budget()
     missing = [t.id for t in workload.trajectories if not t.trace]
     if missing:
@@ -194,13 +201,19 @@ def cross_fitted(
     metas = [json.loads(meta_path(p).read_text()) for p in paths]
     sd = float(np.mean([m["admission_log_sd"] for m in metas]))
     slope = float(np.mean([m.get("admission_slope", 1.0) for m in metas]))
-    return Learned(_predict(workload, budget, root, paths), sd, slope)
+    return Learned(_predict(workload, budget, root, paths, steps), sd, slope)
 
 
-def _predict(workload: Workload, budget: Budget, root: Path, paths: Sequence[Path]) -> dict[str, np.ndarray]:
+def _predict(
+    workload: Workload,
+    budget: Budget,
+    root: Path,
+    paths: Sequence[Path],
+    steps: Sequence[int] | None = None,
+) -> dict[str, np.ndarray]:
     from loom.predict.onnx_model import OnnxRegressor
 
-    path = root / f"predictions-{_workload_key(workload)}.npz"
+    path = root / f"predictions-{_workload_key(workload, steps)}.npz"
     if path.exists():
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
@@ -211,9 +224,10 @@ def _predict(workload: Workload, budget: Budget, root: Path, paths: Sequence[Pat
     for t in workload.trajectories:
         trace = traces[t.trace]
         f = fold_of(prompt_of(trace), budget.folds, budget.seed)
-        for k, (ids, feats) in enumerate(_queries(t, trace, cache)):
+        for k, ids, feats in _queries(t, trace, cache, steps):
             by_fold.setdefault(f, []).append((t.id, k, _Query(ids, feats)))
-    out = {t.id: np.zeros(len(t.steps), dtype=np.float64) for t in workload.trajectories}
+    fill = 0.0 if steps is None else np.nan
+    out = {t.id: np.full(len(t.steps), fill, dtype=np.float64) for t in workload.trajectories}
     for f, items in by_fold.items():
         for i in range(0, len(items), BATCH):
             chunk = items[i : i + BATCH]

@@ -1,0 +1,78 @@
+"""Kendall's tau-b within batches: against brute force, and the heuristics' information at each step."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loom.predict.ranking import kendall_tau_b, ranking_report, scores, within_batches
+from loom.workloads.base import Workload, WorkStep, WorkTraj
+
+
+def _brute_tau_b(x: list[float], y: list[float]) -> float:
+    concordant = discordant = tied_x = tied_y = 0
+    for i, j in itertools.combinations(range(len(x)), 2):
+        dx, dy = x[i] - x[j], y[i] - y[j]
+        tied_x += dx == 0
+        tied_y += dy == 0
+        s = dx * dy
+        concordant += s > 0
+        discordant += s < 0
+    pairs = len(x) * (len(x) - 1) // 2
+    denom = math.sqrt((pairs - tied_x) * (pairs - tied_y))
+    return 0.0 if denom == 0 else (concordant - discordant) / denom
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=0, max_size=30))
+def test_tau_b_equals_brute_force_with_ties(pairs: list[tuple[int, int]]) -> None:
+    x, y = [float(a) for a, _ in pairs], [float(b) for _, b in pairs]
+    assert kendall_tau_b(x, y) == pytest.approx(_brute_tau_b(x, y), abs=1e-12)
+
+
+def _traj(prompt: str, sample: int, outs: list[int], prompt_len: int) -> WorkTraj:
+    steps = tuple(WorkStep(prompt_len + 100 * k, o, 1.0) for k, o in enumerate(outs))
+    return WorkTraj(f"{prompt}-{sample}", prompt, sample, steps)
+
+
+def _workload() -> Workload:
+    w = Workload("t", "")
+    # Prompt a: one sample finishes after 1 call, the other runs 3; prompt b: both run 2 and 4.
+    w.trajectories += [
+        _traj("a", 0, [10], 50),
+        _traj("a", 1, [40, 40, 40], 50),
+        _traj("b", 0, [20, 20], 900),
+        _traj("b", 1, [30, 30, 30, 30], 900),
+    ]
+    return w
+
+
+def test_heuristics_know_only_what_a_rollout_would_know_by_each_step() -> None:
+    w = _workload()
+    learned = {t.id: np.full(len(t.steps), 100.0) for t in w.trajectories}
+    at0 = scores(w, 0, learned, 0.5)
+    # Nothing has finished at admission: the first-sibling heuristic knows nothing (all tie at 0 generated).
+    assert set(at0["first_sibling"].values()) == {0.0}
+    assert at0["prompt_length"] == {"a-0": 50.0, "a-1": 50.0, "b-0": 900.0, "b-1": 900.0}
+    # Each sample's previous epoch is another sample of its prompt.
+    assert at0["previous_epoch"]["a-0"] == 120.0 and at0["previous_epoch"]["a-1"] == 10.0
+    at1 = scores(w, 1, learned, 0.5)
+    # After one call a-0 is done: a-1 learns its sibling's 10 but has generated 40 already.
+    assert "a-0" not in at1["learned"] and at1["first_sibling"]["a-1"] == 40.0
+    assert at1["first_sibling"]["b-1"] == 30.0  # b's samples are all still running
+    # The served estimate moves towards the finished sibling's total.
+    assert at1["served"]["a-1"] < at0["served"]["a-1"]
+
+
+def test_a_perfect_score_ranks_every_batch_perfectly_and_reports_steps_reached() -> None:
+    w = _workload()
+    exact = {t.id: np.full(len(t.steps), float(t.output_tokens)) for t in w.trajectories}
+    taus = within_batches(w, scores(w, 0, exact, 0.5), batch_prompts=2)
+    assert taus["learned"].estimate == pytest.approx(1.0) and taus["learned"].batches == 1
+    report = ranking_report(w, exact, 0.5)
+    assert set(report) == {"step0", "step1", "step2"}  # nothing reaches step 5
+    assert report["step0"]["learned"]["tau"] == 1.0 and report["step0"]["learned"]["trajectories"] == 4
