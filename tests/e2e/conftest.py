@@ -57,7 +57,7 @@ class LoomUp:
 
     def submit(self, tmp_path: Path, spec: dict) -> str:  # type: ignore[type-arg]
         """Submit a job spec through `loom submit`; its id."""
-        f = tmp_path / "job.json"
+        f = tmp_path / f"job-{time.monotonic_ns()}.json"  # several jobs may share a test's directory
         f.write_text(json.dumps(spec))
         r = self.cli("submit", str(f))
         assert r.returncode == 0, r.stdout + r.stderr

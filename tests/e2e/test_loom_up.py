@@ -20,14 +20,6 @@ from loom.protocol import DeadLetter, decode, subjects
 from tests.e2e.conftest import LOOM, LoomUp, outlive, start_loom_up
 
 
-def _submit(up: LoomUp, tmp_path, spec: dict) -> str:  # type: ignore[no-untyped-def, type-arg]
-    f = tmp_path / "job.json"
-    f.write_text(json.dumps(spec))
-    r = up.cli("submit", str(f))
-    assert r.returncode == 0, r.stderr
-    return str(json.loads(r.stdout)["id"])
-
-
 def test_status_reports_every_service(loom_up: LoomUp) -> None:
     r = loom_up.cli("status")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -38,7 +30,7 @@ def test_status_reports_every_service(loom_up: LoomUp) -> None:
 
 def test_router_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
     spec = {"dataset": {"name": "swe-replay", "offset": 10, "limit": 3}, "group_size": 4}
-    job_id = _submit(loom_up, tmp_path, spec)
+    job_id = loom_up.submit(tmp_path, spec)
     time.sleep(1.5)  # trajectories are mid-flight
     assert loom_up.job(job_id)["state"] == "running"
     loom_up.kill9("router")
@@ -47,7 +39,7 @@ def test_router_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> N
 
 def test_envmgr_and_reward_kill9_job_completes_exactly_once(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
     spec = {"dataset": {"name": "swe-replay", "offset": 20, "limit": 2}, "group_size": 4}
-    job_id = _submit(loom_up, tmp_path, spec)
+    job_id = loom_up.submit(tmp_path, spec)
     time.sleep(1.5)
     loom_up.kill9("envmgr")  # its trajectories are redelivered and replayed (engines return cached steps)
     time.sleep(1.0)
@@ -137,7 +129,7 @@ async def test_nats_admits_no_stranger(loom_up: LoomUp) -> None:
 
 
 def test_cancel_stops_a_running_job(loom_up: LoomUp, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    job_id = _submit(loom_up, tmp_path, {"dataset": {"name": "swe-replay", "limit": 8}, "group_size": 8})
+    job_id = loom_up.submit(tmp_path, {"dataset": {"name": "swe-replay", "limit": 8}, "group_size": 8})
     time.sleep(1.0)
     r = loom_up.cli("cancel", job_id)
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "cancelled"

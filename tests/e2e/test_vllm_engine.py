@@ -96,20 +96,12 @@ def _received(url: str) -> dict[str, Any]:
     return httpx.get(url + "/loom/received").json()  # type: ignore[no-any-return]
 
 
-def _submit(up: LoomUp, tmp_path: Path, spec: dict[str, Any]) -> str:
-    f = tmp_path / f"job-{time.monotonic_ns()}.json"
-    f.write_text(json.dumps(spec))
-    r = up.cli("submit", str(f))
-    assert r.returncode == 0, r.stdout + r.stderr
-    return str(json.loads(r.stdout)["id"])
-
-
 def test_a_job_runs_on_vllm_with_priorities_an_abort_and_a_weight_update(
     loom_vllm: LoomUp, vllm_url: str, tmp_path: Path
 ) -> None:
     up = loom_vllm
     api = httpx.Client(base_url=up.api, headers=up.auth, timeout=60)
-    job_id = _submit(up, tmp_path, {"dataset": {"name": "swe-replay", "limit": 2}, "group_size": 2})
+    job_id = up.submit(tmp_path, {"dataset": {"name": "swe-replay", "limit": 2}, "group_size": 2})
     # Replies of 20,000 tokens (the simulator has no end of sequence): seconds on the engine at this speed.
     long = {
         "env": "coin",
@@ -118,7 +110,7 @@ def test_a_job_runs_on_vllm_with_priorities_an_abort_and_a_weight_update(
         "max_turns": 1,
         "max_turn_tokens": 20_000,
     }
-    doomed = _submit(up, tmp_path, long)
+    doomed = up.submit(tmp_path, long)
     deadline = time.monotonic() + 60
     while sum(r.startswith(f"{doomed}.") for r in _received(vllm_url)["requests"]) < 4:
         assert time.monotonic() < deadline, _received(vllm_url)
@@ -164,7 +156,7 @@ def test_scripted_replies_are_scored_by_vllm(loom_vllm: LoomUp, vllm_url: str, t
         "group_size": 2,
         "scripted": True,
     }
-    job_id = _submit(loom_vllm, tmp_path, spec)
+    job_id = loom_vllm.submit(tmp_path, spec)
     job = loom_vllm.wait_job(job_id, timeout=120)
     assert job["state"] == "completed" and job["completed"] == 4 and job["failed"] == 0, job
     out = tmp_path / "results.ndjson"
