@@ -293,3 +293,51 @@ def test_coarsening_keeps_the_order_and_moves_no_estimate_past_half_the_error(
         assert a > b or ca <= cb  # monotone: a tie at most, never a swap
     assert all(abs(math.log(c) - math.log(x)) <= log_sd / 2 + 1e-9 for x, c in zip(lengths, out, strict=True))
     assert coarsen(lengths, 0.0) == lengths
+
+
+def _contiguous_cuts(n: int, m: int) -> list[list[int]]:
+    return [[0, *c, n] for c in itertools.combinations_with_replacement(range(n + 1), m - 1)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.floats(1, 50_000), st.floats(0.05, 3), st.floats(0, 200)), min_size=1, max_size=8
+    ),
+    m=st.integers(1, 4),
+    inc=increments_st,
+    sat=st.floats(1, 6),
+)
+def test_a_spread_partition_meets_the_optimum_and_loads_no_worker_further_past_saturation_than_it_must(
+    data: list[tuple[float, float, float]], m: int, inc: list[float], sat: float
+) -> None:
+    """Against brute force over every contiguous partition: the makespan is the optimum, and of the
+    partitions that meet it, none loads its most loaded worker less, in multiples of saturation."""
+    lengths = [a for a, _, _ in data]
+    weights = [b for _, b, _ in data]
+    tool = [c for _, _, c in data]
+    prof = _profile(0.01, inc, sat)
+    workers = [prof] * m
+    got = presorted_dp(lengths, workers, weights=weights, tool=tool, spread=True)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+    def cost(edges: list[int]) -> tuple[float, float]:
+        worst, load = 0.0, 0.0
+        for a, b in itertools.pairwise(edges):
+            if b > a:
+                idx = order[a:b]
+                size = sum(weights[i] for i in idx)
+                work = sum(weights[i] * lengths[i] for i in idx)
+                gen = float(
+                    prof.group_time(np.array([lengths[idx[0]]]), np.array([size]), np.array([work]))[0]
+                )
+                worst = max(worst, gen + max(tool[i] for i in order[a:]))
+                load = max(load, size / sat)
+        return worst, load
+
+    costs = [cost(e) for e in _contiguous_cuts(len(lengths), m)]
+    optimum = min(c for c, _ in costs)
+    assert got.makespan == pytest.approx(optimum, rel=1e-7)
+    least = min(load for c, load in costs if c <= optimum * (1 + 1e-7))
+    mine = max(sum(weights[i] for i in got.order[a:b]) / sat for a, b in got.bounds if b > a)
+    assert mine <= least * (1 + 1e-6) + 1e-6

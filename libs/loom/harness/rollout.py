@@ -262,6 +262,8 @@ def run_rollout(
             weights=[weights[i] for i in order],
             prefill=[prefill[i] for i in order],
             tool=[tools[i] for i in order],
+            # Predictions with an error: of the optimal placements, the least packed (``_spread``).
+            spread=pred.admission_log_sd > 0,
         )
         assignment = part.assignment()
         for rank, i in enumerate(order):
