@@ -105,6 +105,7 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
                 "heddle"
             }
             assert all(0 <= x < 1 for x in cell["tail_share"].values()) and cell["tail_cut_vs_slime"] < 1
+            assert cell["vs_best_baseline"] <= cell["ceiling_vs_best"] * 1.01  # LB bounds every schedule
     assert out["min_ratio_vs_best"] == min(
         c["vs_best_baseline"] for m in out["overall"].values() for c in m.values()
     )

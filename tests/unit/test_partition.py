@@ -340,4 +340,4 @@ def test_a_spread_partition_meets_the_optimum_and_loads_no_worker_further_past_s
     assert got.makespan == pytest.approx(optimum, rel=1e-7)
     least = min(load for c, load in costs if c <= optimum * (1 + 1e-7))
     mine = max(sum(weights[i] for i in got.order[a:b]) / sat for a, b in got.bounds if b > a)
-    assert mine <= least * (1 + 1e-6) + 1e-6
+    assert mine <= least * (1 + 1e-6) + 1e-6, (data, m, inc, sat, got.bounds, optimum, got.makespan)

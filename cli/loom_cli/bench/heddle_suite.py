@@ -241,6 +241,14 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
                 "systems": runs,
                 "speedup": ratios,
                 "vs_best_baseline": min(ratios.values()),
+                # What no schedule can beat: the best baseline's makespan over the lower bound (the same work
+                # in less than LB is impossible), the most any system can be ahead of it.
+                "ceiling_vs_best": round(
+                    loom
+                    * runs["heddle"]["makespan_over_lb"]
+                    / max(r["throughput_tok_s"] for s, r in runs.items() if s != "heddle"),
+                    3,
+                ),
                 "makespan_over_lb": runs["heddle"]["makespan_over_lb"],
                 **tail_figures(runs),
                 "oracle": {

@@ -183,7 +183,12 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         f"makespan/LB {tg['makespan_over_lb']} (want <= {tg['want']['makespan_over_lb']}).",
         "",
         f"Every cell over its best baseline: at least {out.get('min_ratio_vs_best')}x (want >= 1.2); the learned "
-        f"predictor keeps at least {out.get('min_learned_share')} of the oracle's gain (want >= 0.8).",
+        f"predictor keeps at least {out.get('min_learned_share')} of the oracle's gain (want >= 0.8). No "
+        "system can beat a cell's best baseline by more than that baseline's makespan over LB: "
+        + ", ".join(
+            f"{w} {m} {r['ceiling_vs_best']}x" for w, by_m in out["overall"].items() for m, r in by_m.items()
+        )
+        + ".",
         "",
         "### The tail",
         "",
