@@ -11,10 +11,14 @@ serve is refused at submission (``LibraryMissing``, ``UnknownName``, ``BadParams
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
+from loom.envs import tasksets
 from loom.envs.base import Env
+
+T = TypeVar("T")
 
 
 class LibraryMissing(ValueError):
@@ -31,6 +35,36 @@ class BadParams(ValueError):
 
 class LibraryError(Exception):
     """The library's code raised, or did not return in time, while running a trajectory (not retried)."""
+
+
+async def in_thread(
+    label: str,
+    what: str,
+    fn: Callable[[], T],
+    timeout_s: float | None = None,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Library code, in a thread (a thread cannot be stopped: one that hangs is left), under ``timeout_s`` where
+    given (else the caller's own timeout applies). What it raises fails the trajectory as a ``LibraryError``
+    naming ``label`` (whose code) and ``what`` (which call); Loom's own errors, and ``passthrough``, go through."""
+    ours: tuple[type[BaseException], ...] = (LibraryMissing, LibraryError, *passthrough)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.to_thread(fn)
+    except ours:
+        raise
+    except Exception as e:
+        if isinstance(e, TimeoutError) and timeout_s is not None:
+            raise LibraryError(f"{label}: {what} did not return within {timeout_s:g} s") from None
+        raise LibraryError(f"{label}: {what} raised {type(e).__name__}: {e}") from e
+
+
+def gsm8k(split: str, reader: str) -> dict[str, tasksets.MathTask]:
+    """Loom's GSM8K tasks of ``split``, which a library's GSM8K environments (``reader``) are given."""
+    try:
+        return tasksets.gsm8k(None, split)
+    except (OSError, KeyError) as e:
+        raise ValueError(f"{reader} Loom's GSM8K data: {e}") from e
 
 
 class Adapter(Protocol):

@@ -68,7 +68,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import msgspec
 
 from loom.envs import tasksets
-from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName
+from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName, gsm8k, in_thread
 from loom.envs.api import Action, Environment, Message, StepResult
 from loom.sandbox import ExecResult, Sandbox, SandboxError
 
@@ -274,10 +274,7 @@ def params(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _gsm8k(split: str) -> dict[str, tasksets.MathTask]:
-    try:
-        return tasksets.gsm8k(None, split)
-    except (OSError, KeyError) as e:
-        raise ValueError(f"GEM's {GSM8K} reads Loom's GSM8K data: {e}") from e
+    return gsm8k(split, f"GEM's {GSM8K} reads")
 
 
 def task_ids(name: str, params: Mapping[str, Any]) -> list[str]:
@@ -398,13 +395,8 @@ class GemEnvironment(Environment):
         self.replies = 0
 
     async def _run(self, what: str, fn: Callable[[], T]) -> T:
-        """Library code, in a thread: the user loop's timeout then applies (a thread that hangs is left)."""
-        try:
-            return await asyncio.to_thread(fn)
-        except (LibraryMissing, LibraryError, SandboxError):
-            raise
-        except Exception as e:
-            raise LibraryError(f"GEM's {self.env_id}: {what} raised {type(e).__name__}: {e}") from e
+        """Library code, in a thread: the user loop's timeout then applies."""
+        return await in_thread(f"GEM's {self.env_id}", what, fn, passthrough=(SandboxError,))
 
     def _make(self) -> tuple[Any, dict[str, Any]]:
         """(In a thread.) Make the library's env for ``record`` and reset it: (first observation, info)."""

@@ -14,7 +14,6 @@ fails that trajectory alone, with the reason (``LibraryError``, not retried: it 
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import functools
 import importlib
@@ -24,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from loom.envs.actions import ToolCall, json_call
-from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName
+from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName, in_thread
 from loom.envs.base import Observation, unknown_tool
 
 PACKAGE = "reasoning-gym"
@@ -128,20 +127,8 @@ class ReasoningGymEnv:
         self.result: dict[str, Any] = {"score": 0.0, "answer": None}
 
     async def _run(self, what: str, fn: Callable[[], T]) -> T:
-        """Library code, in a thread under the timeout (a thread cannot be stopped: one that hangs is left)."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await asyncio.to_thread(fn)
-        except TimeoutError:
-            raise LibraryError(
-                f"reasoning-gym's {self.dataset}: {what} did not return within {self.timeout_s:g} s"
-            ) from None
-        except (LibraryMissing, LibraryError):
-            raise
-        except Exception as e:
-            raise LibraryError(
-                f"reasoning-gym's {self.dataset}: {what} raised {type(e).__name__}: {e}"
-            ) from e
+        """Library code, in a thread under the job's timeout."""
+        return await in_thread(f"reasoning-gym's {self.dataset}", what, fn, self.timeout_s)
 
     async def reset(self) -> str:
         self.record = await self._run(

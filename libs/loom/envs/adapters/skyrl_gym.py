@@ -32,7 +32,6 @@ so that the user loop's ``tool_timeout_s`` applies; what it raises fails that tr
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import difflib
 import functools
@@ -42,7 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from loom.envs import tasksets
-from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName
+from loom.envs.adapters import BadParams, LibraryError, LibraryMissing, UnknownName, gsm8k, in_thread
 from loom.envs.api import Action, Environment, Message, StepResult
 from loom.sandbox import Sandbox
 
@@ -122,10 +121,7 @@ def params(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tasks(split: str) -> dict[str, tasksets.MathTask]:
-    try:
-        return tasksets.gsm8k(None, split)
-    except (OSError, KeyError) as e:
-        raise ValueError(f"skyrl-gym's GSM8K environments read Loom's GSM8K data: {e}") from e
+    return gsm8k(split, "skyrl-gym's GSM8K environments read")
 
 
 def task_ids(name: str, params: Mapping[str, Any]) -> list[str]:
@@ -220,13 +216,8 @@ class SkyRLGymEnvironment(Environment):
         self.replies = 0
 
     async def _run(self, what: str, fn: Callable[[], T]) -> T:
-        """Library code, in a thread: the user loop's timeout then applies (a thread that hangs is left)."""
-        try:
-            return await asyncio.to_thread(fn)
-        except (LibraryMissing, LibraryError):
-            raise
-        except Exception as e:
-            raise LibraryError(f"skyrl-gym's {self.env_id}: {what} raised {type(e).__name__}: {e}") from e
+        """Library code, in a thread: the user loop's timeout then applies."""
+        return await in_thread(f"skyrl-gym's {self.env_id}", what, fn)
 
     async def reset(self, task: dict[str, Any]) -> list[Message]:
         if "task_id" not in task:
