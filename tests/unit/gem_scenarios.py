@@ -34,21 +34,27 @@ def _result(r: StepResult) -> dict[str, Any]:
     return {"observation": r.observation, "done": r.done, "reward": r.reward, "info": r.info}
 
 
+async def _scripted(env: Any, data: dict[str, Any], turns: int) -> tuple[Any, list[dict[str, Any]]]:
+    """Reset ``env`` on ``data`` and play its reference actions for at most ``turns`` steps."""
+    first = await env.reset(data)
+    steps = []
+    for _ in range(turns):
+        reply = env.reference_action()
+        r = await env.step(_act(reply))
+        steps.append({"reply": reply, **_result(r)})
+        if r.done:
+            break
+    return first, steps
+
+
 async def games() -> dict[str, Any]:
     cls = _cls(GUESS)
     out: dict[str, Any] = {"class": cls.__name__, "needs_sandbox": bool(getattr(cls, "needs_sandbox", False))}
     played = []
     for data in _data(GUESS, [str(i) for i in range(10)]):
         env = cls()
-        first = await env.reset(data)
+        first, steps = await _scripted(env, data, 10)
         secret = env.env.unwrapped.game_number
-        steps = []
-        for _ in range(10):
-            reply = env.reference_action()
-            r = await env.step(_act(reply))
-            steps.append({"reply": reply, **_result(r)})
-            if r.done:
-                break
         await env.close()
         played.append({"seed": data["task_id"], "first": first, "secret": secret, "steps": steps})
     out["played"] = played
@@ -84,14 +90,7 @@ async def gsm8k() -> dict[str, Any]:
         for data in _data(MATH, [f"gsm8k-test/{i}" for i in range(4)]):
             async with pool.session(data["task_id"]) as sb:
                 env = cls(sandbox=sb)
-                first = await env.reset(data)
-                steps = []
-                for _ in range(4):
-                    reply = env.reference_action()
-                    r = await env.step(_act(reply))
-                    steps.append({"reply": reply, **_result(r)})
-                    if r.done:
-                        break
+                first, steps = await _scripted(env, data, 4)
                 await env.close()
             scripted.append({"task_id": data["task_id"], "first": first, "steps": steps})
         out["scripted"] = scripted
