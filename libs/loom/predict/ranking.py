@@ -21,7 +21,7 @@ mean tau-b over batches, with a 95% bootstrap interval over batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,15 +78,16 @@ def scores(
     groups = _groups(workload)
     out: dict[str, dict[str, float]] = {m: {} for m in METHODS}
     blend = SiblingBlend(model_log_sd)
+    first_done: dict[str, WorkTraj | None] = {}
     for prompt, samples in groups.items():
         finished = sorted(
             (s for s in samples if len(s.steps) <= k), key=lambda s: (len(s.steps), s.output_tokens)
         )
+        first_done[prompt] = finished[0] if finished else None
         for s in finished:
             blend.observe(prompt, s.output_tokens, float(learned[s.id][0]))
     for prompt, samples in groups.items():
-        finished = [s for s in samples if len(s.steps) <= k]
-        first = min(finished, key=lambda s: (len(s.steps), s.output_tokens), default=None)
+        first = first_done[prompt]
         for i, t in enumerate(samples):
             if len(t.steps) <= k:
                 continue
@@ -135,7 +136,6 @@ def ranking_report(
     learned: dict[str, np.ndarray],
     model_log_sd: float,
     steps: Sequence[int] = STEPS,
-    log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, dict[str, object]]]:
     """step -> method -> {tau, ci95, batches, trajectories}, for the steps some trajectories reach."""
     report: dict[str, dict[str, dict[str, object]]] = {}
@@ -152,6 +152,4 @@ def ranking_report(
             }
             for m, iv in taus.items()
         }
-        if log is not None:
-            log(f"step {k}: " + ", ".join(f"{m} {v['tau']}" for m, v in report[f"step{k}"].items()))
     return report
