@@ -678,10 +678,11 @@ def idle_exponent(sweep: list[list[float]]) -> float:
     return min(2.0, max(1.0, k))
 
 
-def fleet_limit(idle_w: float, workers: int, k: float) -> int:
-    """The largest fleet whose idle cost alone, idle_w (G / workers)^k cores, fits in one core."""
+def fleet_limit(idle_w: float, workers: int, k: float) -> int | None:
+    """The largest fleet whose idle cost alone, idle_w (G / workers)^k cores, fits in one core; None where the
+    idle cost was too small to measure (below the clock's tick over the window): no limit seen."""
     if idle_w <= 0:
-        return 0
+        return None
     return int(workers * (1.0 / idle_w) ** (1.0 / k))
 
 
@@ -694,15 +695,17 @@ def max_gpus(run: dict[str, Any], rates: dict[str, dict[str, float]]) -> dict[st
     per_call = run["router_cpu_ms_per_call"] / 1000
     per_core = 1.0 / per_call if per_call > 0 else math.inf
 
-    def limit(rate: float) -> int:
-        return int(min(idle_only, per_core / rate)) if rate > 0 else idle_only
+    def limit(rate: float) -> int | None:
+        bounds = [b for b in (idle_only, per_core / rate if rate > 0 else math.inf) if b is not None]
+        best = min(bounds, default=math.inf)
+        return int(best) if best < math.inf else None
 
     by = {
         name: {"at_peak": limit(r["peak_calls_per_gpu_s"]), "at_mean": limit(r["calls_per_gpu_s"])}
         for name, r in rates.items()
     }
     return {
-        "max_gpus_served": min(v["at_peak"] for v in by.values()),
+        "max_gpus_served": min((v["at_peak"] for v in by.values() if v["at_peak"] is not None), default=None),
         "max_gpus_idle_only": idle_only,
         "router_idle_exponent": round(k, 3),
         "router_calls_per_core_s": round(per_core, 1) if per_core < math.inf else None,
@@ -833,7 +836,11 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         f"{rates[worst]['peak_calls_per_gpu_s']:.1f} calls/s per H100 at its peak -> one router core serves "
         f"{top['max_gpus_served']:,} GPUs; idle, the fleet alone costs it {top['router_idle_cores']:.3f} "
         f"cores, growing as workers^{top['router_idle_exponent']:.2f} (sweep {top['router_idle_sweep']}): "
-        f"a core at {top['max_gpus_idle_only']:,} workers"
+        + (
+            f"a core at {top['max_gpus_idle_only']:,} workers"
+            if top["max_gpus_idle_only"] is not None
+            else "too little to measure"
+        )
     )
     return out
 
