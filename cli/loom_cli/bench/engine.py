@@ -1,5 +1,6 @@
 """``loom bench engine``: decode speed, per-token time and interference from the performance model, its error
-on every published calibration point, and the virtual-time driver's simulation speed.
+on every published calibration point, against the iteration times measured on a GPU, and the virtual-time
+driver's simulation speed.
 
 Decode speed follows Qwen's benchmark: each of ``--batch`` sequences generates 2,048 tokens after a
 ``--context``-token prompt (1 by default); the published H20 speeds are its baselines. ``--sweep`` tabulates
@@ -10,12 +11,20 @@ from the same table the placement policy reads.
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from loom.engine.calibration import POINTS, calibration_report
+from loom.engine.calibration import (
+    MEASURED_MODELS,
+    POINTS,
+    calibration_report,
+    fit_measured,
+    interference_errors,
+    measured_points,
+)
 from loom.engine.interference import context_bucket, interference_table
 from loom.engine.perf import GPUS, MODELS, PerfModel
 from loom_cli.bench.registry import Benchmark
@@ -47,6 +56,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("loom bench engine: --tp, --batch and --context must be positive")
     result = decode(args.model, args.gpu, args.tp, args.batch, args.context)
     result["calibration"] = calibration()
+    result["measured"] = measured()
     if args.sweep:
         result["sweep"] = sweep(args.model, args.gpu, args.context)
     if args.throughput:
@@ -95,6 +105,30 @@ def calibration() -> dict[str, Any]:
     return {"points": points, "max_abs_rel_error": max(abs(p["rel_error"]) for p in points)}
 
 
+def measured() -> dict[str, Any]:
+    """The model against the table measured on a GPU (loom/engine/measured): its interference factor, and
+    how well its form fits the measured iteration times once its efficiencies are fitted to them."""
+    gpu, points = measured_points()
+    eff, errors = fit_measured()
+    return {
+        "gpu": gpu,
+        "points": len(points),
+        "interference_rel_error": {
+            name: {"median": statistics.median(map(abs, e)), "max": max(map(abs, e))}
+            for name, e in interference_errors().items()
+        },
+        "roofline_fit": {
+            "models": list(MEASURED_MODELS),
+            "compute": eff.compute,
+            "memory": eff.memory,
+            "exposed": eff.exposed,
+            "overhead_ms": eff.overhead_s * 1e3,
+            "median_abs_rel_error": statistics.median(map(abs, errors)),
+            "max_abs_rel_error": max(map(abs, errors)),
+        },
+    }
+
+
 def sweep(model: str, gpu: str, context: int) -> dict[str, Any]:
     tables = {tp: interference_table(model, gpu, tp, context) for tp in SWEEP_TPS}
     return {
@@ -136,6 +170,20 @@ def _print_tables(r: dict[str, Any]) -> None:
             f"{p['rel_error']:+.1%}",
         )
     console.print(cal)
+
+    m = r["measured"]
+    meas = Table(title=f"Heddle's F, model vs measured on {m['gpu']} ({m['points']} iterations)")
+    for c in ("model", "median |error|", "max |error|"):
+        meas.add_column(c, justify="left" if c == "model" else "right")
+    for name, e in m["interference_rel_error"].items():
+        meas.add_row(name, f"{e['median']:.1%}", f"{e['max']:.1%}")
+    console.print(meas)
+    f = m["roofline_fit"]
+    console.print(
+        f"Roofline fitted to the measured {', '.join(f['models'])}: compute {f['compute']:.2f}, memory "
+        f"{f['memory']:.2f}, exposed {f['exposed']:.2f}, overhead {f['overhead_ms']:.1f} ms; "
+        f"|error| median {f['median_abs_rel_error']:.1%}, max {f['max_abs_rel_error']:.1%}"
+    )
 
     if "sweep" in r:
         s = r["sweep"]
