@@ -38,8 +38,23 @@ def test_grid_times_what_fits_and_names_what_does_not() -> None:
             contexts=(32, 128),
             prompts=(16, 256),
             memory_bytes=4 * 129 * kv_token - 1,
+            grids=("decode", "prefill"),
         )
     assert [(d["batch"], d["context"]) for d in r["decode"]] == [(1, 32), (4, 32), (1, 128)]
     assert [p["tokens"] for p in r["prefill"]] == [16, 256]
     assert r["skipped"] == [{"batch": 4, "context": 128, "kv_gib": 4 * 129 * kv_token / 1024**3}]
     assert all(d["median_s"] > 0 and d["reps"] >= 5 for d in r["decode"] + r["prefill"])
+
+
+def test_a_verification_step_sees_what_decoding_the_draft_one_token_at_a_time_sees() -> None:
+    torch.manual_seed(2)
+    w = ip.random_weights(TINY, "cpu", torch.float32)
+    ids = torch.randint(0, TINY.vocab, (2, 13))
+    with torch.no_grad():
+        whole = ip.Runner(w, 2, 13).states(ids, 0)
+        run = ip.Runner(w, 2, 13)
+        run.states(ids[:, :9], 0)
+        drafted = run.states(ids[:, 9:], 9)
+        picks = run.verify(ids[:, 9:], 9)
+    assert torch.allclose(whole[:, 9:], drafted, atol=1e-5)
+    assert torch.equal(picks, run.logits(whole[:, 9:]).argmax(-1))

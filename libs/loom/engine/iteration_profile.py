@@ -31,6 +31,11 @@ MODEL_NAMES = ("qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-0.6b")
 BATCHES = (1, 8, 32, 64, 128, 256)
 CONTEXTS = (1024, 4096, 16384, 32768)
 PROMPTS = (128, 512, 2048, 8192, 16384)
+# Speculative verification: positions per sequence (its last token and a draft of positions - 1).
+VERIFY_BATCHES = (1, 8, 32, 64, 128)
+VERIFY_CONTEXT = 4096
+VERIFY_POSITIONS = (1, 2, 4, 8)
+GRIDS = ("decode", "prefill", "verify")
 _HEADROOM = 8 * 1024**3  # activations, logits and the graph's pool beside weights and cache
 
 
@@ -165,11 +170,22 @@ class Runner:
         """One iteration: the next token of each row, picked greedily."""
         return self.logits(self.hidden(ids, start)).argmax(-1)
 
+    def verify(self, ids: Any, start: int) -> Any:
+        """One speculative verification step: ``ids`` holds each row's last token and its draft; the model's
+        own token after every position, as an engine needs to accept or reject each drafted token."""
+        return self.logits(self.states(ids, start)).argmax(-1)
+
     def hidden(self, ids: Any, start: int) -> Any:
-        """Run ``ids`` (batch x tokens) at positions ``start``.. over the cache; each row's last hidden state.
+        """Each row's last hidden state after ``states``."""
+        return self.states(ids, start)[:, -1]
+
+    def states(self, ids: Any, start: int) -> Any:
+        """Run ``ids`` (batch x tokens) at positions ``start``.. over the cache; every position's final hidden
+        state.
 
         With one token per row this is a decode step attending to the ``start`` tokens before it; with
-        ``start`` 0 it is a fresh prefill, causal within the prompt."""
+        several, each attends to the cache and causally within the row's new tokens (a prefill from 0, or a
+        verification of a draft)."""
         import torch
         import torch.nn.functional as F
 
@@ -187,17 +203,16 @@ class Runner:
             self.k[i][:, :, start : start + t] = k
             self.v[i][:, :, start : start + t] = v.view(b, t, nkv, d).transpose(1, 2)
             keys, values = self.k[i][:, :, : start + t], self.v[i][:, :, : start + t]
-            if t == 1:
-                # A query head h reads KV head h // G; the G heads of a group attend together as G queries.
-                a = _attend(q.reshape(b, nkv, nh // nkv, d), keys, values, causal=False)
-            elif start:
-                raise ValueError("a prefill starts at position 0 here")
-            else:
+            if start == 0:
                 a = _attend(q, keys, values, causal=True)
+            else:
+                # A query head h reads KV head h // G. The G heads of a group attend as G x t queries of one
+                # KV head, so that each KV head's cache is read once, as engines' decode kernels read it.
+                a = _attend_grouped(q.reshape(b, nkv, (nh // nkv) * t, d), keys, values, t)
             x = x + F.linear(a.reshape(b, nh, t, d).transpose(1, 2).reshape(b, t, nh * d), lay.o)
             gate, up = F.linear(_rms(x, lay.ln2), lay.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, lay.down)
-        return x[:, -1]
+        return x
 
     def logits(self, last: Any) -> Any:
         import torch.nn.functional as F
@@ -217,6 +232,26 @@ def _attend(q: Any, k: Any, v: Any, causal: bool) -> Any:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def _attend_grouped(q: Any, k: Any, v: Any, t: int) -> Any:
+    """Attention of a group's queries (G heads x ``t`` new positions, head-major) over a cache whose last
+    ``t`` keys are those positions: each sees the cache and the new positions up to its own. One position
+    needs no mask and runs on FlashAttention; several need this mask, which FlashAttention cannot take, and
+    run on the memory-efficient kernel (CUDA) that takes one."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if t == 1:
+        return _attend(q, k, v, causal=False)
+    rows, keys = q.shape[2], k.shape[2]
+    own = torch.arange(rows, device=q.device) % t + (keys - t)
+    mask = torch.arange(keys, device=q.device)[None, :] <= own[:, None]
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def time_call(
@@ -267,9 +302,11 @@ def profile_model(
     contexts: Sequence[int] = CONTEXTS,
     prompts: Sequence[int] = PROMPTS,
     memory_bytes: int | None = None,
+    grids: Sequence[str] = GRIDS,
 ) -> dict[str, Any]:
-    """Decode iterations for every batch x context whose cache fits, and fresh prefills of every prompt
-    length, for one model with random bf16 weights (float32 on the CPU)."""
+    """Decode iterations for every batch x context whose cache fits, fresh prefills of every prompt length,
+    and verification steps of drafts at ``VERIFY_CONTEXT`` tokens of context, for one model with random
+    bf16 weights (float32 on the CPU)."""
     import torch
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -279,7 +316,7 @@ def profile_model(
     decode: list[dict[str, Any]] = []
     prefill: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    for ctx in contexts:
+    for ctx in contexts if "decode" in grids else ():
         for b in batches:
             if b * (ctx + 1) * kv_token > free:
                 skipped.append({"batch": b, "context": ctx, "kv_gib": b * (ctx + 1) * kv_token / 1024**3})
@@ -288,16 +325,27 @@ def profile_model(
             ids = torch.randint(0, cfg.vocab, (b, 1), device=device)
             timed = _timed(w, b, ctx + 1, functools.partial(Runner.step, ids=ids, start=ctx))
             (decode if "median_s" in timed else skipped).append({**point, **timed})
-    for n in prompts:
+    for n in prompts if "prefill" in grids else ():
         if n * kv_token > free:
             skipped.append({"prompt": n})
             continue
         ids = torch.randint(0, cfg.vocab, (1, n), device=device)
         timed = _timed(w, 1, n, functools.partial(Runner.step, ids=ids, start=0))
         (prefill if "median_s" in timed else skipped).append({"tokens": n, **timed})
+    verify: list[dict[str, Any]] = []
+    for b in VERIFY_BATCHES if "verify" in grids else ():
+        for t in VERIFY_POSITIONS:
+            point = {"batch": b, "context": VERIFY_CONTEXT, "positions": t}
+            if b * (VERIFY_CONTEXT + t) * kv_token > free:
+                skipped.append(point)
+                continue
+            ids = torch.randint(0, cfg.vocab, (b, t), device=device)
+            fn = Runner.step if t == 1 else Runner.verify
+            timed = _timed(w, b, VERIFY_CONTEXT + t, functools.partial(fn, ids=ids, start=VERIFY_CONTEXT))
+            (verify if "median_s" in timed else skipped).append({**point, **timed})
     del w
     _release(device)
-    return {"model": cfg.name, "decode": decode, "prefill": prefill, "skipped": skipped}
+    return {"model": cfg.name, "decode": decode, "prefill": prefill, "verify": verify, "skipped": skipped}
 
 
 def _timed(w: Weights, batch: int, room: int, step: Callable[[Runner], Any]) -> dict[str, Any]:
@@ -392,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--models", default=",".join(MODEL_NAMES))
     p.add_argument("--device", default="cuda")
+    p.add_argument("--grids", default=",".join(GRIDS), help="which of decode, prefill, verify to measure")
     a = p.parse_args(argv)
     import torch
 
@@ -410,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(json.dumps(result["ceilings_after"]), flush=True)
         else:
             t0 = time.perf_counter()
-            r = profile_model(MODELS[name], a.device)
+            r = profile_model(MODELS[name], a.device, grids=a.grids.split(","))
             r["wall_s"] = time.perf_counter() - t0
             result["models"].append(r)
             _print(r)
@@ -431,6 +480,11 @@ def _print(r: dict[str, Any]) -> None:
         print(f"  decode b={d['batch']:>3} ctx={d['context']:>5}  {d['median_s'] * 1e3:8.2f} ms", flush=True)
     for q in r["prefill"]:
         print(f"  prefill {q['tokens']:>5} tokens  {q['median_s'] * 1e3:8.2f} ms", flush=True)
+    for v in r["verify"]:
+        print(
+            f"  verify b={v['batch']:>3} positions={v['positions']}  {v['median_s'] * 1e3:8.2f} ms",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
