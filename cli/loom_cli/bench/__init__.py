@@ -24,6 +24,7 @@ from loom_cli.bench import (
     rollmux,
     rollout,
     sandbox,
+    speculative,
 )
 from loom_cli.bench.registry import Benchmark
 
@@ -41,6 +42,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     sandbox.BENCHMARK,
     reward.BENCHMARK,
     rollmux.BENCHMARK,
+    speculative.BENCHMARK,
 )
 
 
