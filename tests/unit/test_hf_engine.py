@@ -327,3 +327,89 @@ async def test_a_forced_reply_scores_as_the_sampled_one_did(engine_at) -> None:
     assert short.output_ids == sampled.output_ids[:5] and short.output_len == 5
     with pytest.raises(ValueError, match="forced_ids"):
         await engine.generate(req("bad", PROMPTS[1], 5, forced_ids=[-1]))
+
+
+# Speculative decoding (loom.engine.hf_spec)
+
+LOOPY = [11, 12, 13, 14, 15, 16] * 4  # a prompt that repeats itself: its own tokens draft
+
+
+async def test_speculative_greedy_emits_the_same_tokens_with_the_models_logprobs(engine_at, models) -> None:
+    """Greedy with drafts is greedy: every token and log-prob as plain decoding has them, whole drafts kept
+    along the way, rows of different draft lengths verified in one pass, masked columns compacted."""
+    plain = await engine_at()
+    spec = await engine_at(speculative=True)
+    prompts, lengths = [LOOPY, *PROMPTS], [60, 40, 48, 30, 52]
+    want = await asyncio.gather(
+        *(plain.generate(req(f"r{i}", p, n)) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)))
+    )
+    got = await asyncio.gather(
+        *(spec.generate(req(f"r{i}", p, n)) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)))
+    )
+    model = models["a"][1]
+    for prompt, w, g in zip(prompts, want, got, strict=True):
+        assert g.output_ids == w.output_ids == greedy(model, prompt, len(w.output_ids or []))
+        logps = torch.log_softmax(full_logits(model, prompt, g.output_ids or []), dim=-1)
+        ref = logps[torch.arange(len(g.output_ids or [])), torch.tensor(g.output_ids)].tolist()
+        assert g.output_logprobs == pytest.approx(ref, abs=1e-4)
+    stats = spec.drafts.stats if spec.drafts is not None else None
+    assert stats is not None and stats.accepted > 0 and stats.steps < stats.tokens
+    assert spec.load().generated_tokens == plain.load().generated_tokens == sum(lengths)
+
+
+async def test_speculative_sampling_keeps_the_models_distribution(engine_at, models) -> None:
+    """Sampled with drafts: each token's log-prob is the model's at its place in the context (so the cache
+    behind the kept drafts is right). A cold temperature follows the tiny model's loops, so drafts are kept
+    through the sampling rule; a row at top-p 0.5 is verified beside them."""
+    spec = await engine_at(speculative=True)
+    temps = (0.05, 0.05, 0.7)
+    outs = await asyncio.gather(
+        spec.generate(req("s0", PROMPTS[0], 60, temperature=temps[0])),
+        spec.generate(req("s1", PROMPTS[3], 60, temperature=temps[1])),
+        spec.generate(req("s2", PROMPTS[1], 24, temperature=temps[2], top_p=0.5)),
+    )
+    model = models["a"][1]
+    for prompt, out, temp in zip((PROMPTS[0], PROMPTS[3], PROMPTS[1]), outs, temps, strict=True):
+        ids = out.output_ids or []
+        logps = torch.log_softmax(full_logits(model, prompt, ids) / temp, dim=-1)
+        ref = logps[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+        assert out.output_logprobs == pytest.approx(ref, abs=1e-4)
+    assert spec.drafts is not None and spec.drafts.stats.accepted > 0
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.6, 0.8)])
+def test_verification_emits_each_token_from_the_plain_distribution(temperature: float, top_p: float) -> None:
+    """Speculative sampling's rule for a deterministic draft, checked by chi-square: the first token
+    follows the first position's distribution, and after a kept draft token the next follows the second's.
+    The draft is a likely token, so both branches are exercised."""
+    from loom.engine.hf_spec import _target, verify_row
+
+    torch.manual_seed(3)
+    logits = torch.randn(2, 6) * 1.5
+    temp_logps = torch.log_softmax(logits / temperature, dim=-1)
+    p0, p1 = _target(temp_logps[0], top_p), _target(temp_logps[1], top_p)
+    draft = [int(p0.argmax())]
+    n = 6000
+    first = torch.zeros(6)
+    second = torch.zeros(6)
+    for i in range(n):
+        seq = Seq(
+            req("v", [1], 4, temperature=temperature, top_p=top_p),
+            [1],
+            0,
+            None,  # type: ignore[arg-type]
+            request_generator(11, str(i)),
+            0.0,
+        )
+        emitted, kept = verify_row(seq, draft, logits)
+        first[emitted[0][0]] += 1
+        assert kept == (emitted[0][0] == draft[0]) and len(emitted) == kept + 1
+        assert emitted[0][1] == pytest.approx(float(temp_logps[0, emitted[0][0]]), abs=1e-5)
+        if kept:
+            second[emitted[1][0]] += 1
+    for counts, p in ((first, p0), (second, p1)):
+        support = p > 0
+        assert counts[~support].sum() == 0  # nothing outside the nucleus
+        expected = p[support] * counts.sum()
+        chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
+        assert chi2 < 20.5, (counts, expected)  # df <= 5: p < 0.001 beyond

@@ -38,6 +38,8 @@ from loom.engine.hf_batch import (
     sample_with_top,
     score,
 )
+from loom.engine.hf_spec import Drafts, verify_row
+from loom.speculative.drafter import MOST, Draft
 
 __all__ = ["HFEngine"]
 
@@ -65,6 +67,8 @@ class HFEngine:
         kv_capacity_tokens: int = 65536,
         threads: int = 1,
         seed: int = 0,
+        speculative: bool = False,
+        draft_most: int = MOST,
     ) -> None:
         self.path = path
         self.info = EngineInfo(
@@ -81,6 +85,8 @@ class HFEngine:
         self._model: PreTrainedModel | None = None
         self._prepared: tuple[str, PreTrainedModel] | None = None
         self._batch = BatchKV()
+        # Speculative decoding (hf_spec): drafts from each request's own tokens and every request's output.
+        self.drafts = Drafts(most=draft_most) if speculative else None
         self._waiting: list[Seq] = []
         self._running: dict[str, Seq] = {}
         self._seqs: dict[str, Seq] = {}
@@ -303,6 +309,10 @@ class HFEngine:
     def _iterate(self, admitted: list[Seq]) -> None:
         model = self._model
         assert model is not None
+        if self.drafts is not None:
+            for seq in self._batch.rows:
+                if seq.finish_reason is not None:
+                    self.drafts.retire(seq)
         self._batch.drop_finished()
         for seq in admitted:
             if seq.finish_reason is not None:  # aborted while it waited for this iteration
@@ -320,8 +330,35 @@ class HFEngine:
             seq.prefill_s = seq.prefilled - start
             if seq.finish_reason is None:
                 self._batch.add(seq, cache)
-        if self._batch.rows:
+        if self._batch.rows and not (self.drafts is not None and self._speculate(model, self.drafts)):
             self._emit(self._batch.rows, self._batch.step(model))
+
+    def _speculate(self, model: PreTrainedModel, drafts: Drafts) -> bool:
+        """One verification step over the batch, if any row has a draft (else False: a plain step)."""
+        rows = self._batch.rows
+        proposed = [drafts.draft(s) if s.finish_reason is None else Draft([]) for s in rows]
+        if not any(d.tokens for d in proposed):
+            return False
+        logits = self._batch.verify(model, [d.tokens for d in proposed])
+        columns = []
+        for i, (seq, d) in enumerate(zip(rows, proposed, strict=True)):
+            if seq.finish_reason is not None:
+                columns.append(1)
+                continue
+            emitted, kept = verify_row(seq, d.tokens, logits[i, : len(d.tokens) + 1])
+            drafts.feedback(seq, d, kept)
+            for token, logprob, top in emitted:
+                if seq.finish_reason is not None:
+                    break
+                seq.append(token, logprob, top)
+                self._generated += 1
+                drafts.stats.tokens += 1
+            drafts.stats.steps += 1
+            drafts.stats.drafted += len(d.tokens)
+            drafts.stats.accepted += kept
+            columns.append(1 + kept)
+        self._batch.keep(columns, logits.shape[1])
+        return True
 
     def _emit(self, seqs: list[Seq], logits: torch.Tensor) -> None:
         for seq, (token, logprob, top) in zip(seqs, sample_with_top(logits, seqs), strict=True):

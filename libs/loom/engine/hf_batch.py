@@ -171,6 +171,53 @@ class BatchKV:
         self.mask = mask[:, start:]
         self.rows = [self.rows[i] for i in keep]
 
+    def verify(self, model: PreTrainedModel, drafts: list[list[int]]) -> torch.Tensor:
+        """One verification step: feeds each row's last token and its draft, padded to the longest, and
+        returns logits [rows, 1 + longest draft, vocab]. ``keep`` must then say which columns stay."""
+        width = 1 + max(len(d) for d in drafts)
+        tokens = torch.tensor(
+            [
+                [s.output_ids[-1], *d, *[s.output_ids[-1]] * (width - 1 - len(d))]
+                for s, d in zip(self.rows, drafts, strict=True)
+            ]
+        )
+        positions = torch.tensor([[s.context_len - 1 + j for j in range(width)] for s in self.rows])
+        self.mask = torch.cat([self.mask, torch.ones(len(self.rows), width, dtype=torch.bool)], dim=1)
+        out = model(
+            input_ids=tokens,
+            attention_mask=self.mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits
+
+    def keep(self, new_columns: list[int], width: int) -> None:
+        """After ``verify`` appended ``width`` columns to every row, keep each row's first ``new_columns``
+        (its last token and the drafted tokens it kept) and mask the rest; compact once most columns are
+        masked, so a long run of rejected drafts costs neither memory nor attention."""
+        for i, n in enumerate(new_columns):
+            self.mask[i, self.mask.shape[1] - width + n :] = False
+        used = int(self.mask.sum(1).max())
+        if self.mask.shape[1] > 2 * used + 32:
+            self._compact(used)
+
+    def _compact(self, used: int) -> None:
+        assert self.cache is not None
+        rows = self.mask.shape[0]
+        index = torch.zeros(rows, used, dtype=torch.long)
+        mask = torch.zeros(rows, used, dtype=torch.bool)
+        for i in range(rows):
+            cols = self.mask[i].nonzero().flatten()
+            index[i, used - len(cols) :] = cols
+            mask[i, used - len(cols) :] = True
+        for layer in _layers(self.cache):
+            assert layer.keys is not None and layer.values is not None
+            g = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, g)
+            layer.values = layer.values.gather(2, g)
+        self.mask = mask
+
     def step(self, model: PreTrainedModel) -> torch.Tensor:
         """One decode step for every row: feeds each row's last token, returns logits [rows, vocab]."""
         tokens = torch.tensor([[s.output_ids[-1]] for s in self.rows])
@@ -186,7 +233,7 @@ class BatchKV:
         return out.logits[:, -1]
 
 
-def _draw(probs: torch.Tensor, seqs: list[Seq]) -> list[int]:
+def draw(probs: torch.Tensor, seqs: list[Seq]) -> list[int]:
     """One index per row of ``probs`` (unnormalised), by inverse CDF with one uniform from each row's generator:
     a single vectorised pass, several times faster than a ``torch.multinomial`` per row over a 150k vocabulary."""
     cdf = probs.cumsum(dim=-1)
@@ -228,13 +275,13 @@ def _sample(logits: torch.Tensor, seqs: list[Seq]) -> tuple[list[tuple[int, floa
     full = [i for i, s in enumerate(seqs) if s.req.temperature > 0 and s.req.top_p >= 1.0]
     if full:
         probs = logps.index_select(0, torch.tensor(full)).exp()
-        for i, token in zip(full, _draw(probs, [seqs[i] for i in full]), strict=True):
+        for i, token in zip(full, draw(probs, [seqs[i] for i in full]), strict=True):
             tokens[i] = token
     for i, s in enumerate(seqs):
         if s.req.temperature > 0 and s.req.top_p < 1.0:
             # Nucleus: the smallest head of the sorted distribution whose mass reaches top_p.
             head, order = logps[i].exp().sort(descending=True)
             head[head.cumsum(0) - head >= s.req.top_p] = 0.0
-            tokens[i] = int(order[_draw(head[None], [s])[0]])
+            tokens[i] = int(order[draw(head[None], [s])[0]])
     picked = logps[torch.arange(len(seqs)), torch.tensor(tokens)].tolist()
     return list(zip(tokens, picked, strict=True)), logps

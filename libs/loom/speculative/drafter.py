@@ -108,7 +108,7 @@ class Drafter:
                 k = draft_length(self.rate[name])
                 key = (expected_kept(self.rate[name], k), n, -order)
             if best is None or key > best:
-                best, chosen = key, Draft(corpus.continuation(sid, start, k), name)
+                best, chosen = key, Draft(_chained(corpus, tail, corpus.continuation(sid, start, k), k), name)
         return chosen
 
     def feedback(self, draft: Draft, kept: int) -> None:
@@ -119,3 +119,17 @@ class Drafter:
         trials = kept + (kept < len(draft.tokens))
         r = self.rate[draft.source]
         self.rate[draft.source] = (1 - WEIGHT) * r + WEIGHT * (kept / trials)
+
+
+def _chained(corpus: SuffixIndex, tail: Sequence[int], draft: list[int], k: int) -> list[int]:
+    """A continuation cut short by the end of its sequence (the latest occurrence of a repeated phrase is
+    the one just before the end) continues from the match of the context with the draft so far."""
+    while 0 < len(draft) < k:
+        m = corpus.match([*tail, *draft][-corpus.max_n :])
+        if m is None:
+            break
+        more = corpus.continuation(m[1], m[2], k - len(draft))
+        if not more:
+            break
+        draft = draft + more
+    return draft

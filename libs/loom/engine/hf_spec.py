@@ -1,0 +1,154 @@
+"""Lossless speculative decoding for the transformers engine.
+
+Drafts come from Loom's suffix-match drafter over two corpora: the request's own tokens (prompt and output)
+and every request's output on this engine, bounded (so a GRPO group's siblings and, where the engine served
+them, the prompt's earlier epochs draft for each other, as SGLang's n-gram cache does across requests). One
+forward pass verifies every row's draft; each drafted token is kept by speculative sampling's rule for a
+deterministic draft (Leviathan et al. 2023, Chen et al. 2023): with probability p(token) under the
+distribution the request samples from, else the step ends with a token drawn from p with the drafted one
+removed. A draft kept whole earns one more token from the last position. Each emitted token is therefore
+distributed exactly as plain decoding's; under greedy decoding the tokens are the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from loom.engine.hf_batch import Seq, draw
+from loom.speculative.drafter import MAX_N, MOST, Draft, Drafter, SuffixIndex
+
+KEEP = 256  # outputs of finished requests kept as drafting corpus
+
+
+@dataclass
+class _Own:
+    index: SuffixIndex
+    drafter: Drafter
+    shared_sid: int
+    indexed: int = 0  # of prompt + output_ids, in ``index``
+    shared_indexed: int = 0  # of output_ids, in the shared corpus
+
+
+@dataclass
+class SpecStats:
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "tokens": self.tokens,
+            "accepted_per_step": self.accepted / self.steps if self.steps else 0.0,
+        }
+
+
+@dataclass
+class Drafts:
+    """Per-request drafting state and the engine-wide corpus of outputs."""
+
+    most: int = MOST
+    keep: int = KEEP
+    shared: SuffixIndex = field(default_factory=SuffixIndex)
+    stats: SpecStats = field(default_factory=SpecStats)
+    _own: dict[str, _Own] = field(default_factory=dict)
+    _done: list[list[int]] = field(default_factory=list)
+
+    def draft(self, seq: Seq) -> Draft:
+        """A draft for ``seq``'s next step, never past its token budget."""
+        own = self._own.get(seq.req.rid)
+        if own is None:
+            index = SuffixIndex()
+            index.add()
+            own = _Own(index, Drafter([("own", index), ("engine", self.shared)]), self.shared.add())
+            self._own[seq.req.rid] = own
+        context = seq.prompt + seq.output_ids
+        own.index.extend(0, context[own.indexed :])
+        own.indexed = len(context)
+        self.shared.extend(own.shared_sid, seq.output_ids[own.shared_indexed :])
+        own.shared_indexed = len(seq.output_ids)
+        room = seq.req.max_new_tokens - len(seq.output_ids) - 1
+        d = own.drafter.draft(context[-MAX_N:])
+        return Draft(d.tokens[: min(room, self.most)], d.source)
+
+    def feedback(self, seq: Seq, draft: Draft, kept: int) -> None:
+        own = self._own.get(seq.req.rid)
+        if own is not None:
+            own.drafter.feedback(draft, kept)
+
+    def retire(self, seq: Seq) -> None:
+        """``seq`` is done: its output stays in the corpus; past ``keep`` finished outputs the corpus is rebuilt
+        from the newest ones and the running requests'."""
+        own = self._own.pop(seq.req.rid, None)
+        if own is None:
+            return
+        self._done.append(list(seq.output_ids))
+        if len(self._done) <= 2 * self.keep:
+            return
+        self._done = self._done[-self.keep :]
+        self.shared = SuffixIndex()
+        for out in self._done:
+            self.shared.add(out)
+        for o in self._own.values():
+            o.shared_sid, o.shared_indexed = self.shared.add(), 0
+            o.drafter.corpora[1] = ("engine", self.shared)
+
+
+def verify_row(
+    seq: Seq, draft: list[int], logits: torch.Tensor
+) -> tuple[list[tuple[int, float, list[tuple[int, float]] | None]], int]:
+    """The tokens one verification step emits for ``seq``, each with its log-prob and top alternatives, and
+    how many of ``draft`` it kept. ``logits`` holds the model's logits after the row's last token and after
+    each drafted token (len(draft) + 1 rows)."""
+    req = seq.req
+    temp = req.temperature if req.temperature > 0 else 1.0
+    logps = torch.log_softmax(logits.float() / temp if temp != 1.0 else logits.float(), dim=-1)
+    k = req.top_logprobs
+    out: list[tuple[int, float, list[tuple[int, float]] | None]] = []
+
+    def emit(j: int, token: int) -> None:
+        top = None
+        if k > 0:
+            vals, idx = logps[j].topk(min(k, logps.shape[-1]))
+            top = list(zip(idx.tolist(), vals.tolist(), strict=True))
+        out.append((token, float(logps[j, token]), top))
+
+    for j, d in enumerate(draft):
+        if req.temperature <= 0:
+            best = int(logits[j].argmax())
+            if best != d:
+                emit(j, best)
+                return out, j
+            emit(j, d)
+            continue
+        p = _target(logps[j], req.top_p)
+        u = float(torch.rand(1, generator=seq.generator))
+        if u < float(p[d]):
+            emit(j, d)
+            continue
+        residual = p.clone()
+        residual[d] = 0.0
+        emit(j, draw(residual[None], [seq])[0])
+        return out, j
+    j = len(draft)
+    if req.temperature <= 0:
+        emit(j, int(logits[j].argmax()))
+    else:
+        emit(j, draw(_target(logps[j], req.top_p)[None], [seq])[0])
+    return out, len(draft)
+
+
+def _target(logps: torch.Tensor, top_p: float) -> torch.Tensor:
+    """What plain decoding samples from at one position: the temperature-scaled distribution, cut to its
+    nucleus under top-p, normalised."""
+    p = logps.exp()
+    if top_p < 1.0:
+        head, order = p.sort(descending=True)
+        head[head.cumsum(0) - head >= top_p] = 0.0
+        p = torch.zeros_like(p).scatter_(0, order, head)
+    return p / p.sum()
