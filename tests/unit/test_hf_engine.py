@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -413,3 +414,33 @@ def test_verification_emits_each_token_from_the_plain_distribution(temperature: 
         expected = p[support] * counts.sum()
         chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
         assert chi2 < 20.5, (counts, expected)  # df <= 5: p < 0.001 beyond
+
+
+def test_rejected_draft_columns_are_masked_then_compacted_away(models) -> None:
+    """Thirty verification steps whose drafts are all refused: the batch's cache is compacted, and the next
+    step's logits for each row equal one forward pass over its prompt and output."""
+    from loom.engine.hf_batch import BatchKV, prefill
+
+    model = models["a"][1]
+    batch = BatchKV()
+    seqs = []
+    with torch.inference_mode():
+        for i, prompt in enumerate(PROMPTS[:3]):
+            seq = Seq(req(f"c{i}", prompt, 64), list(prompt), i, None, request_generator(0, str(i)), 0.0)  # type: ignore[arg-type]
+            cache, logits = prefill(model, prompt)
+            seq.output_ids.append(int(logits.argmax()))
+            batch.add(seq, cache)
+            seqs.append(seq)
+        widths = []
+        for step in range(30):
+            drafts = [[(7 * step + i) % 900 + 3] * (1 + (step + i) % 4) for i in range(len(seqs))]
+            logits = batch.verify(model, drafts)
+            for i, seq in enumerate(seqs):
+                seq.output_ids.append(int(logits[i, 0].argmax()))
+            batch.keep([1] * len(seqs), logits.shape[1])
+            widths.append(batch.mask.shape[1])
+        assert any(b < a for a, b in itertools.pairwise(widths))  # compacted at least once
+        last = batch.step(model)
+        for i, seq in enumerate(seqs):
+            ref = full_logits(model, seq.prompt, [*seq.output_ids, 0])[-1]
+            assert torch.allclose(last[i], ref, atol=1e-4)
