@@ -220,17 +220,7 @@ class BatchKV:
 
     def step(self, model: PreTrainedModel) -> torch.Tensor:
         """One decode step for every row: feeds each row's last token, returns logits [rows, vocab]."""
-        tokens = torch.tensor([[s.output_ids[-1]] for s in self.rows])
-        positions = torch.tensor([[s.context_len - 1] for s in self.rows])
-        self.mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.bool)], dim=1)
-        out = model(
-            input_ids=tokens,
-            attention_mask=self.mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[:, -1]
+        return self.verify(model, [[] for _ in self.rows])[:, -1]
 
 
 def draw(probs: torch.Tensor, seqs: list[Seq]) -> list[int]:

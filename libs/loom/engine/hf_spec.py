@@ -38,15 +38,6 @@ class SpecStats:
     accepted: int = 0
     tokens: int = 0
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "tokens": self.tokens,
-            "accepted_per_step": self.accepted / self.steps if self.steps else 0.0,
-        }
-
 
 @dataclass
 class Drafts:
