@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from loom.speculative import acceptance
 from loom.speculative.acceptance import Case, Sample, Turn, replay
-from loom.speculative.drafter import Drafter, SuffixIndex, draft_length, expected_kept
+from loom.speculative.drafter import THRESHOLD, Drafter, SuffixIndex, draft_length, expected_kept
 from loom_cli.bench import speculative as bench
 
 PROPS = settings(max_examples=150, deadline=None)
@@ -66,7 +66,24 @@ def test_expected_kept_is_the_sum_of_the_chances_of_each_prefix(p: float, k: int
 @given(p=st.floats(0.0, 1.0), q=st.floats(0.0, 1.0))
 def test_a_corpus_accepted_more_often_drafts_no_less(p: float, q: float) -> None:
     lo, hi = sorted((p, q))
-    assert 1 <= draft_length(lo) <= draft_length(hi) <= 8
+    assert 0 <= draft_length(lo) <= draft_length(hi) <= 8
+    # Each drafted token's chance of being reached and kept is at least the threshold; one more would not be.
+    k = draft_length(p)
+    assert k == 0 or p**k >= THRESHOLD - 1e-12
+    assert k == 8 or p ** (k + 1) < THRESHOLD + 1e-12
+
+
+def test_a_corpus_whose_drafts_fail_stops_drafting_then_tries_again() -> None:
+    a = SuffixIndex()
+    a.add([1, 2, 3] * 10)
+    d = Drafter([("a", a)])
+    for _ in range(30):
+        draft = d.draft([1, 2])
+        d.feedback(draft, 0)
+    assert d.draft([1, 2]).tokens == []  # its estimate fell under the threshold
+    while not d.draft([1, 2]).tokens:  # matched steps without a draft bring it back
+        pass
+    assert d.rate["a"] >= THRESHOLD
 
 
 def test_the_longest_match_wins_and_a_fixed_drafter_drafts_its_length() -> None:

@@ -19,6 +19,7 @@ MOST = 8  # drafted tokens per step at most
 THRESHOLD = 0.1
 PRIOR = 0.5  # a corpus's acceptance before it has drafted
 WEIGHT = 0.2  # of the latest step in a corpus's running acceptance
+RELAX = 0.02  # per matched step without a draft, of the way back to PRIOR
 
 
 class SuffixIndex:
@@ -75,12 +76,13 @@ def expected_kept(p: float, k: int) -> float:
 
 
 def draft_length(p: float, most: int = MOST, threshold: float = THRESHOLD) -> int:
-    """The longest draft whose last token is accepted with all before it with probability >= threshold."""
-    if p <= 0.0:
-        return 1
+    """The longest draft whose last token is accepted with all before it with probability >= threshold: 0
+    when even one token is not worth verifying."""
+    if p < threshold:
+        return 0
     if p >= 1.0:
         return most
-    return max(1, min(most, int(math.log(threshold) / math.log(p))))
+    return min(most, int(math.log(threshold) / math.log(p)))
 
 
 class Drafter:
@@ -106,6 +108,11 @@ class Drafter:
                 key, k = (float(n), 0, -order), self.fixed
             else:
                 k = draft_length(self.rate[name])
+                if k == 0:
+                    # Not drafting, this corpus learns nothing new: its estimate drifts back toward the prior
+                    # so that it is tried again after a while (its drafts may have become good).
+                    self.rate[name] += RELAX * (PRIOR - self.rate[name])
+                    continue
                 key = (expected_kept(self.rate[name], k), n, -order)
             if best is None or key > best:
                 best, chosen = key, Draft(_chained(corpus, tail, corpus.continuation(sid, start, k), k), name)
