@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom.engine.calibration import (
+    MEASURED,
     MEASURED_MODELS,
     POINTS,
     calibration_report,
@@ -84,6 +86,40 @@ def test_decode_span_is_the_sum_of_iterations(seqs: int, kv: int, n: int, tp: in
     perf = PerfModel("h20", "qwen3-14b", tp)
     expected = sum(perf.iteration_time(0, seqs, kv + i * seqs) for i in range(n))
     assert perf.decode_span(seqs, kv, n) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@given(
+    seqs=st.integers(1, 300),
+    kv=st.integers(0, 500_000),
+    n=st.integers(0, 200),
+    tp=st.sampled_from([1, 2, 8]),
+    positions=st.floats(1.0, 9.0),
+)
+@PROPS
+def test_a_span_of_verification_steps_is_their_sum(
+    seqs: int, kv: int, n: int, tp: int, positions: float
+) -> None:
+    perf = PerfModel("h100", "qwen3-14b", tp)
+    expected = sum(perf.verify_time(seqs, kv + i * seqs, positions) for i in range(n))
+    assert perf.decode_span(seqs, kv, n, positions) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert perf.verify_time(seqs, kv, 1.0) == pytest.approx(perf.iteration_time(0, seqs, kv), rel=1e-12)
+    assert perf.verify_time(seqs, kv, 1.0) <= perf.verify_time(seqs, kv, positions)
+    assert perf.verify_time(seqs, kv, positions) <= positions * perf.verify_time(seqs, kv, 1.0) + 1e-12
+
+
+def test_verification_grows_less_in_the_model_than_on_the_measured_h200() -> None:
+    """From batch 32 up, where the measured step is the step's own cost (measured/README.md): the model's
+    growth with positions stays under the measured one, so the gains it prices are not overstated."""
+    table = json.loads(MEASURED.read_text())
+    for m in table["models"]:
+        points = {(v["batch"], v["positions"]): v["seconds"] for v in m.get("verify", ())}
+        perf = PerfModel("h200", m["model"])
+        for (batch, positions), seconds in points.items():
+            if batch < 32 or positions == 1:
+                continue
+            kv = batch * 4096
+            model_growth = perf.verify_time(batch, kv, positions) / perf.verify_time(batch, kv, 1)
+            assert 1.0 < model_growth <= seconds / points[(batch, 1)], (m["model"], batch, positions)
 
 
 def test_kv_capacity_grows_with_memory_and_tp() -> None:

@@ -15,6 +15,7 @@ from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.perf import PerfModel
 from loom.engine.prefix_cache import PrefixCache
 from loom.engine.sim import SimCore, SimEngine
+from loom.engine.sim_core import Speculation
 
 PERF = PerfModel("h100", "qwen3-0.6b")
 PERF_8B = PerfModel("h100", "qwen3-8b")
@@ -65,6 +66,9 @@ core_args = st.fixed_dictionaries(
         "preempt_threshold": st.sampled_from([None, 0.0, 10.0]),
         "evict_by_priority": st.booleans(),
         "host_kv_tokens": st.sampled_from([0, 800, 6000]),
+        "speculation": st.sampled_from(
+            [None, Speculation(1.0, 1.0), Speculation(4.0, 2.5), Speculation(9.0, 5.0)]
+        ),
     }
 )
 
@@ -674,3 +678,31 @@ async def test_close_aborts_in_flight_requests() -> None:
     assert (await task).finish_reason == "abort"
     with pytest.raises(RuntimeError):
         await eng.generate(EngineRequest("late", 1, 1))
+
+
+# Speculative decoding: each decode iteration is priced as a verification step over the tokens it keeps
+
+
+def _alone(speculation: Speculation | None, n: int = 400, batch: int = 8) -> list[EngineOutput]:
+    core = SimCore(PERF_8B, 200_000, speculation=speculation)
+    for i in range(batch):
+        core.submit(EngineRequest(f"r{i}", 1000, n), 0.0)
+    return drain(core)
+
+
+def test_one_position_keeping_one_token_is_plain_decoding() -> None:
+    plain, same = _alone(None), _alone(Speculation(1.0, 1.0))
+    assert [(o.rid, o.output_len, o.decode_s) for o in plain] == [
+        (o.rid, o.output_len, o.decode_s) for o in same
+    ]
+
+
+def test_drafting_shortens_decoding_by_the_tokens_kept_over_the_steps_cost() -> None:
+    plain = _alone(None)[0]
+    spec = _alone(Speculation(5.0, 3.0))[0]
+    # 399 decode iterations of 8 sequences after the prefill's token: a step at 5 positions keeps 3 tokens.
+    step = PERF_8B.decode_span(8, 8 * 1001, 399, 5.0) / 3.0
+    assert spec.decode_s == pytest.approx(step, rel=1e-6)
+    assert spec.decode_s < plain.decode_s < 3.0 * spec.decode_s
+    with pytest.raises(ValueError, match="tokens_per_step"):
+        Speculation(2.0, 3.0)

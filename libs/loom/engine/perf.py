@@ -230,20 +230,40 @@ class PerfModel:
         comm = self._comm_s + tokens * self._comm_s_per_token if self.tp > 1 else 0.0
         return self.efficiency.overhead_s + self._roofline(compute, memory) + comm
 
-    def decode_span(self, decode_seqs: int, decode_kv_tokens: int, iterations: int) -> float:
+    def verify_time(self, decode_seqs: float, decode_kv_tokens: float, positions: float) -> float:
+        """Seconds for one speculative verification step: each of ``decode_seqs`` sequences (``decode_kv_tokens``
+        of context in all) feeds ``positions`` tokens, its last one and its draft, and gets logits at every
+        one. The weights and the cache are read once; the compute grows with the positions. One position is
+        a plain decode iteration."""
+        d, kv = decode_seqs, decode_kv_tokens
+        compute = (
+            d * positions * (self._s_per_token + self._s_per_logit_row)
+            + positions * kv * self._s_per_attn_pair
+        )
+        memory = self._weights_s + kv * self._s_per_kv_token
+        comm = self._comm_s + d * positions * self._comm_s_per_token if self.tp > 1 else 0.0
+        return self.efficiency.overhead_s + self._roofline(compute, memory) + comm
+
+    def decode_span(
+        self, decode_seqs: int, decode_kv_tokens: int, iterations: int, positions: float = 1.0
+    ) -> float:
         """Seconds for ``iterations`` pure decode iterations of ``decode_seqs`` sequences whose context grows
         by one token each per iteration, starting from ``decode_kv_tokens``: the exact sum of
-        ``iteration_time`` over them, in O(1), so that a simulator can jump over them at once."""
+        ``verify_time`` (``iteration_time`` at one position) over them, in O(1), so that a simulator can
+        jump over them at once."""
         if iterations <= 0:
             return 0.0
         d, n = decode_seqs, iterations
         # Compute time a + b*i and memory time p + q*i at iteration i; both are linear in the context.
-        a = d * (self._s_per_token + self._s_per_logit_row) + decode_kv_tokens * self._s_per_attn_pair
-        b = d * self._s_per_attn_pair
+        a = (
+            d * positions * (self._s_per_token + self._s_per_logit_row)
+            + decode_kv_tokens * positions * self._s_per_attn_pair
+        )
+        b = d * positions * self._s_per_attn_pair
         p = self._weights_s + decode_kv_tokens * self._s_per_kv_token
         q = d * self._s_per_kv_token
         fixed = self.efficiency.overhead_s + (
-            self._comm_s + d * self._comm_s_per_token if self.tp > 1 else 0.0
+            self._comm_s + d * positions * self._comm_s_per_token if self.tp > 1 else 0.0
         )
         if b == q:
             split = 0 if a >= p else n

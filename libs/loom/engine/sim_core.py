@@ -72,6 +72,24 @@ class _Chunk:
 HICACHE_RATIO = 2.0
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in an engine: each decode step verifies ``positions`` positions per sequence on
+    average (its last token and its draft) and keeps ``tokens_per_step`` tokens per sequence, both as
+    measured on the traces (``loom bench speculative``). The core still advances one token per sequence per
+    iteration, each costing a verification step's time over ``tokens_per_step``: the expected time, not a
+    draw per step, which over the hundreds of steps of a decode differs by little."""
+
+    positions: float
+    tokens_per_step: float
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.tokens_per_step <= self.positions:
+            raise ValueError(
+                f"need 1 <= tokens_per_step <= positions, got {self.tokens_per_step}, {self.positions}"
+            )
+
+
 def build_core(
     model: str = "qwen3-8b",
     gpu: str = "h100",
@@ -83,6 +101,7 @@ def build_core(
     preempt_threshold: float | None = 10.0,
     evict_by_priority: bool = False,
     hicache_ratio: float = 0.0,
+    speculation: Speculation | None = None,
 ) -> SimCore:
     """A core for ``model`` on ``tp`` x ``gpu``, with the KV capacity the memory leaves beside the weights
     and, with ``hicache_ratio`` > 0, a host tier that many times the device pool."""
@@ -98,6 +117,7 @@ def build_core(
         preempt_threshold=preempt_threshold,
         evict_by_priority=evict_by_priority,
         host_kv_tokens=int(hicache_ratio * capacity),
+        speculation=speculation,
     )
 
 
@@ -113,7 +133,9 @@ class SimCore:
         preempt_threshold: float | None = 10.0,
         evict_by_priority: bool = False,
         host_kv_tokens: int = 0,
+        speculation: Speculation | None = None,
     ) -> None:
+        self.speculation = speculation
         if host_kv_tokens < 0:
             raise ValueError(f"host_kv_tokens must be >= 0, got {host_kv_tokens}")
         if kv_capacity <= 0 or max_running < 1 or prefill_budget < 1:
@@ -360,7 +382,7 @@ class SimCore:
             dt = max(self.perf.iteration_time(tokens, decoders, self._decode_kv, attended), self._load_s())
             return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, growth, prefill)
         if self._loading:
-            dt = max(self.perf.decode_span(decoders, self._decode_kv, 1), self._load_s())
+            dt = max(self._span(decoders, self._decode_kv, 1), self._load_s())
             return _Chunk(self._now, self._now + dt, 1, decoders, self._decode_kv, decoders)
         # Pure decode: the batch stays the same until a sequence finishes or the KV cache fills, since a
         # blocked queue head stays blocked while the running sequences only grow.
@@ -370,7 +392,7 @@ class SimCore:
         arrival = self._next_arrival()
         if arrival is not None:
             chunk.iters = min(iters, self._iters_within(chunk, arrival - self._now) + 1)
-        chunk.end = self._now + self.perf.decode_span(decoders, self._decode_kv, chunk.iters)
+        chunk.end = self._now + self._span(decoders, self._decode_kv, chunk.iters)
         return chunk
 
     def _admit_queue(
@@ -445,9 +467,17 @@ class SimCore:
             growth += int(take == s.prefill_left and s.generated < s.req.max_new_tokens)
         return prefill, budget, growth
 
+    def _span(self, decoders: int, decode_kv: int, iters: int) -> float:
+        """Seconds for ``iters`` decode iterations (a token per sequence each), verification steps when the
+        engine drafts."""
+        spec = self.speculation
+        if spec is None:
+            return self.perf.decode_span(decoders, decode_kv, iters)
+        return self.perf.decode_span(decoders, decode_kv, iters, spec.positions) / spec.tokens_per_step
+
     def _iters_within(self, chunk: _Chunk, seconds: float) -> int:
         """The most iterations of ``chunk`` that fit in ``seconds``."""
-        span = self.perf.decode_span
+        span = self._span
         d, kv = chunk.decoders, chunk.decode_kv
         # Iterations only slow down as the contexts grow, so the first and the last one's time bracket
         # the answer; the bisection then runs over a few candidates, not over the whole chunk.
@@ -471,7 +501,7 @@ class SimCore:
         end = (
             chunk.end
             if iters == chunk.iters
-            else chunk.start + self.perf.decode_span(chunk.decoders, chunk.decode_kv, iters)
+            else chunk.start + self._span(chunk.decoders, chunk.decode_kv, iters)
         )
         self._loading = 0
         self._reserve(chunk.growth * iters)
