@@ -42,6 +42,7 @@ def make_engine(rt: Runtime, s: RolloutSettings) -> Engine:
             max_running=s.max_running,
             threads=s.threads,
             seed=s.seed,
+            speculative=s.speculative,
         )
     from loom.engine.sim import SimEngine
 

@@ -89,7 +89,7 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
         "tau-bench-airline-gpt4o.json.gz",
     ):
         need_shared(f"data/traces/{trace}")
-    out = _bench("heddle-suite", "--quick", "--out", str(tmp_path))
+    out = _bench("heddle-suite", "--quick", "--speculative", "--out", str(tmp_path))
     systems = {"heddle", "verl", "verl_star", "slime"}
     assert set(out["overall"]) == {"coding", "search", "tool_use"}
     for by_model in out["overall"].values():
@@ -123,6 +123,18 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
             assert set(runs) == variants and all(r["throughput_tok_s"] > 0 for r in runs.values())
     assert out["predictor"] == "learned" and set(out["learned_keeps_of_oracle_gain"]) == set(out["overall"])
     assert set(out["prediction_quality"]) == set(out["overall"])
+    # Drafting engines: every overall cell again, the same tokens generated, at the workload's measured rates.
+    for w, by_model in out["drafting"].items():
+        rates = out["speculation"][w]
+        assert rates["positions"] >= rates["tokens_per_step"] > 1.0
+        for m, cell in by_model.items():
+            plain = out["overall"][w][m]["systems"]
+            assert cell["output_tokens"] == {s: r["output_tokens"] for s, r in plain.items()}
+            assert out["speculative_gain"][w][m] == cell["gain"]["heddle"] > 0
+    assert min(out["speculative_gain"]["coding"].values()) > 1.0  # coding is decode-bound: drafting pays
+    assert out["min_speculative_gain"] == min(
+        g for by_m in out["speculative_gain"].values() for g in by_m.values()
+    )
     for by_model in out["overall"].values():
         for cell in by_model.values():  # Loom on exact lengths beside Loom with its learned predictor
             assert cell["oracle"]["throughput_tok_s"] > 0 and set(cell["oracle"]["speedup"]) == set(

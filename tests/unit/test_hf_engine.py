@@ -303,6 +303,10 @@ def test_rollout_service_builds_it(models, monkeypatch: pytest.MonkeyPatch) -> N
     engine = make_engine(None, RolloutSettings(max_running=4))  # type: ignore[arg-type]
     assert isinstance(engine, HFEngine) and engine.weight_version == "7"
     assert (engine.info.kind, engine.info.gpu, engine.info.max_running) == ("hf", "cpu", 4)
+    assert engine.drafts is None
+    monkeypatch.setenv("LOOM_ROLLOUT_SPECULATIVE", "1")
+    engine = make_engine(None, RolloutSettings())  # type: ignore[arg-type]
+    assert isinstance(engine, HFEngine) and engine.drafts is not None
 
 
 async def test_a_forced_reply_scores_as_the_sampled_one_did(engine_at) -> None:

@@ -33,13 +33,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loom.engine.sim_core import Speculation
 from loom.harness.cluster import BASELINE_MP, Cluster
 from loom.harness.learned import Learned, cross_fitted
 from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
+from loom.speculative.acceptance import SOURCES, measure, workload_cases
 from loom.workloads import WORKLOADS
 from loom_cli.bench.registry import Benchmark
 from loom_cli.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
+from loom_cli.bench.speculative import PROMPTS as SPEC_PROMPTS
+from loom_cli.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -83,6 +87,7 @@ class Cell:
     gpus: int
     policy: tuple[tuple[str, Any], ...]  # the PolicySpec fields, hashable
     predictor: str = "learned"
+    drafting: bool = False  # every engine drafts (speculative decoding), at the workload's measured rates
 
     def spec(self) -> dict[str, Any]:
         return dict(self.policy)
@@ -97,9 +102,15 @@ class Plan:
     cells: list[Cell] = field(default_factory=list)
 
     def cell(
-        self, workload: str, model: str, gpus: int, policy: dict[str, Any], predictor: str = "learned"
+        self,
+        workload: str,
+        model: str,
+        gpus: int,
+        policy: dict[str, Any],
+        predictor: str = "learned",
+        drafting: bool = False,
     ) -> Cell:
-        c = Cell(workload, model, gpus, tuple(sorted(policy.items())), predictor)
+        c = Cell(workload, model, gpus, tuple(sorted(policy.items())), predictor, drafting)
         if c not in self.cells:
             self.cells.append(c)
         return c
@@ -111,6 +122,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     p.add_argument("--out", default="bench-out/heddle-suite", help="where plots and report.md go")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="also every overall cell with drafting engines, Loom and the baselines alike",
+    )
     p.add_argument(
         "--predictor-minutes",
         type=float,
@@ -128,14 +144,21 @@ def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None
     return max(1, BATCH_PER_WORKER * workers // GROUP)
 
 
-def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None]) -> dict[str, Any]:
-    cell, prompts, seed, timelines, learned = args
+def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None, Speculation | None]) -> dict[str, Any]:
+    cell, prompts, seed, timelines, learned, speculation = args
     gpus = cell.gpus
     workload = WORKLOADS[cell.workload](prompts=prompts, group_size=GROUP, seed=seed)
     cluster = Cluster(gpus=gpus, model=cell.model, tool_s=TOOL_S[cell.workload])
     policy = PolicySpec(**cell.spec()).resolved()
     r = run_rollout(
-        workload, policy, cluster, cell.predictor, seed, gantt_workers=4 if timelines else 0, learned=learned
+        workload,
+        policy,
+        cluster,
+        cell.predictor,
+        seed,
+        gantt_workers=4 if timelines else 0,
+        learned=learned,
+        speculation=speculation,
     )
     out = r.summary()
     out["trajectories"] = len(workload.trajectories)
@@ -149,7 +172,9 @@ def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None]) -> dict[
     return out
 
 
-def build_plan(quick: bool, gpus: int | None, seed: int) -> tuple[Plan, dict[str, Any]]:
+def build_plan(
+    quick: bool, gpus: int | None, seed: int, speculative: bool = False
+) -> tuple[Plan, dict[str, Any]]:
     g = gpus or (8 if quick else 64)
     # Ablations on a quarter of the GPUs with a quarter of the batch (the same 100 trajectories per
     # worker): the full suite then fits in ten minutes on two cores (at half of each it took eleven).
@@ -175,12 +200,33 @@ def build_plan(quick: bool, gpus: int | None, seed: int) -> tuple[Plan, dict[str
         layout["prediction"][w] = {
             v: plan.cell(w, ABLATION_MODEL, ag, HEDDLE, pred) for v, pred in PREDICTORS.items()
         }
+        if speculative:
+            layout.setdefault("drafting", {})[w] = {
+                m: {s: plan.cell(w, m, g, {"preset": s}, drafting=True) for s in SYSTEMS} for m in MODELS
+            }
     return plan, layout
+
+
+def speculation_for(workload: str, quick: bool) -> tuple[Speculation, dict[str, Any]]:
+    """The engine model's drafting rates for a workload: drafts from every source with the adaptive length,
+    replayed on the workload's recorded traces (``loom bench speculative``'s "all")."""
+    prompts = (SPEC_QUICK_PROMPTS if quick else SPEC_PROMPTS)[workload]
+    m = measure(workload_cases(workload, prompts), list(SOURCES))
+    drafted = m["accepted_per_step"] / m["acceptance_rate"] if m["acceptance_rate"] else 0.0
+    spec = Speculation(positions=1.0 + drafted, tokens_per_step=m["tokens_per_step"])
+    return spec, {
+        "positions": spec.positions,
+        "tokens_per_step": spec.tokens_per_step,
+        "accepted_per_step": m["accepted_per_step"],
+        "accepted_per_step_ci95": m["accepted_per_step_ci95"],
+        "samples": m["samples"],
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
-    plan, layout = build_plan(args.quick, args.gpus, args.seed)
+    plan, layout = build_plan(args.quick, args.gpus, args.seed, args.speculative)
+    drafting = {w: speculation_for(w, plan.quick) for w in WORKLOAD_NAMES} if args.speculative else {}
     # Timelines (active trajectories, Gantt) are kept for the cells the plots draw.
     drawn = {
         c for w in WORKLOAD_NAMES for s, c in layout["overall"][w][ABLATION_MODEL].items() if s != ORACLE
@@ -196,7 +242,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = learned_budget(plan.quick, args.predictor_minutes, plan.seed)
     learned = {w: cross_fitted(workload, budget) for w, workload in largest.items()}
     work = [
-        (c, prompts[c], plan.seed, c in drawn, learned[c.workload] if c.predictor == "learned" else None)
+        (
+            c,
+            prompts[c],
+            plan.seed,
+            c in drawn,
+            learned[c.workload] if c.predictor == "learned" else None,
+            drafting[c.workload][0] if c.drafting else None,
+        )
         for c in plan.cells
     ]
     # The longest cells first, so that the pool's last minutes are not one straggler.
@@ -206,6 +259,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, res in zip(order, pool.map(_run_cell, [work[i] for i in order]), strict=True):
             results[work[i][0]] = res
     out = _assemble(plan, layout, results)
+    if drafting:
+        out["speculation"] = {w: figures for w, (_, figures) in drafting.items()}
     # How well the learned model ranks each workload's batch (its largest in the plan), with intervals.
     out["prediction_quality"] = {w: prediction_quality(largest[w], learned[w]) for w in WORKLOAD_NAMES}
     out["wall_s"] = round(time.perf_counter() - wall0, 1)
@@ -296,6 +351,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "makespan_breakdown": cell["systems"]["heddle"]["makespan_breakdown"],
     }
     shares = [v for v in kept.values() if v is not None]
+    speculative = _speculative(layout, results, overall) if "drafting" in layout else {}
     return {
         "benchmark": "heddle-suite",
         "gpus": plan.gpus,
@@ -310,6 +366,38 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "learned_keeps_of_oracle_gain": kept,
         "overall": overall,
         **ablations,
+        **speculative,
+    }
+
+
+def _speculative(
+    layout: dict[str, Any], results: dict[Cell, dict[str, Any]], overall: dict[str, Any]
+) -> dict[str, Any]:
+    """Every overall cell again with drafting engines: Loom with drafting over Loom without (what drafting
+    buys, ``speculative_gain``) and over the best baseline given the same drafting (what scheduling still
+    buys under it)."""
+    cells: dict[str, Any] = {}
+    for w, by_model in layout["drafting"].items():
+        cells[w] = {}
+        for m, by_system in by_model.items():
+            tok = {s: results[c]["throughput_tok_s"] for s, c in by_system.items()}
+            best = max(v for s, v in tok.items() if s != "heddle")
+            plain = overall[w][m]["systems"]
+            cells[w][m] = {
+                "throughput_tok_s": tok,
+                "output_tokens": {s: results[c]["output_tokens"] for s, c in by_system.items()},
+                "gain": {s: round(tok[s] / plain[s]["throughput_tok_s"], 3) for s in tok},
+                "vs_best_baseline": round(tok["heddle"] / best, 3),
+                "makespan_over_lb": results[by_system["heddle"]]["makespan_over_lb"],
+            }
+    gains = {w: {m: c["gain"]["heddle"] for m, c in by_m.items()} for w, by_m in cells.items()}
+    return {
+        "drafting": cells,
+        "speculative_gain": gains,
+        "min_speculative_gain": min(g for by_m in gains.values() for g in by_m.values()),
+        "drafting_min_ratio_vs_best": min(
+            c["vs_best_baseline"] for by_m in cells.values() for c in by_m.values()
+        ),
     }
 
 
@@ -350,6 +438,27 @@ def _print(out: dict[str, Any]) -> None:
         f"{tg['makespan_over_lb']} (want <= {TARGET['makespan_over_lb']}); Loom's last trajectory: "
         f"{tg['makespan_breakdown']}; wall {out['wall_s']} s"
     )
+    if "drafting" in out:
+        t = Table(title="Drafting engines (speculative decoding at each workload's measured rates)")
+        for c in (
+            "workload",
+            "model",
+            "Loom with / without",
+            "Loom x best baseline, both drafting",
+            "spec rates",
+        ):
+            t.add_column(c, justify="right")
+        for w, by_model in out["drafting"].items():
+            rates = out["speculation"][w]
+            for m, r in by_model.items():
+                t.add_row(
+                    w,
+                    m,
+                    f"{r['gain']['heddle']:.2f}",
+                    f"{r['vs_best_baseline']:.2f}",
+                    f"{rates['positions']:.2f} positions, {rates['tokens_per_step']:.2f} tokens/step",
+                )
+        Console().print(t)
     Console().print(
         f"Every cell over its best baseline: at least {out['min_ratio_vs_best']}x (want >= 1.2); the learned "
         f"predictor keeps at least {out['min_learned_share']} of the oracle's gain (want >= 0.8)"

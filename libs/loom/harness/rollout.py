@@ -21,7 +21,7 @@ import numpy as np
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.interference import context_bucket
 from loom.engine.perf import PerfModel
-from loom.engine.sim_core import HICACHE_RATIO, build_core
+from loom.engine.sim_core import HICACHE_RATIO, Speculation, build_core
 from loom.engine.virtual import VirtualSim
 from loom.harness.bounds import lower_bound_terms
 from loom.harness.cluster import Cluster, allocate, tool_time
@@ -207,13 +207,14 @@ def run_rollout(
     interaction: str = "trajectory",
     gantt_workers: int = 0,
     learned: Learned | None = None,
+    speculation: Speculation | None = None,
 ) -> RolloutResult:
     """``interaction``: each trajectory calls its environment as soon as its step is generated
     (trajectory level), or every turn waits for the whole batch to generate and then for every
     environment call to return (batch level, the synchronous agent loop RollArt compares against).
     ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart.
     ``learned``: the learned predictor's predictions (``loom.harness.learned.cross_fitted``), computed here
-    when it is chosen and none are given."""
+    when it is chosen and none are given. ``speculation``: every engine drafts, at these measured rates."""
     if interaction not in INTERACTIONS:
         raise ValueError(f"unknown interaction {interaction!r}; one of {INTERACTIONS}")
     wall0 = time.perf_counter()
@@ -242,6 +243,7 @@ def run_rollout(
                 preempt_threshold=10.0 if preemptive else None,
                 evict_by_priority=policy.priority_cache,
                 hicache_ratio=HICACHE_RATIO if policy.host_cache else 0.0,
+                speculation=speculation,
             )
         )
         for d in degrees
