@@ -353,9 +353,7 @@ class HFEngine:
                 seq.append(token, logprob, top)
                 self._generated += 1
                 drafts.stats.tokens += 1
-            drafts.stats.steps += 1
-            drafts.stats.drafted += len(d.tokens)
-            drafts.stats.accepted += kept
+            drafts.stats.record(len(d.tokens), kept)
             columns.append(1 + kept)
         self._batch.keep(columns, logits.shape[1])
         return True

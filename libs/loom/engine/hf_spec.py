@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loom.engine.hf_batch import Seq, draw
-from loom.speculative.drafter import MAX_N, MOST, Draft, Drafter, SuffixIndex
+from loom.speculative.drafter import MAX_N, MOST, Draft, Drafter, SuffixIndex, Tally
 
 KEEP = 256  # outputs of finished requests kept as drafting corpus
 
@@ -32,21 +32,13 @@ class _Own:
 
 
 @dataclass
-class SpecStats:
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens: int = 0
-
-
-@dataclass
 class Drafts:
     """Per-request drafting state and the engine-wide corpus of outputs."""
 
     most: int = MOST
     keep: int = KEEP
     shared: SuffixIndex = field(default_factory=SuffixIndex)
-    stats: SpecStats = field(default_factory=SpecStats)
+    stats: Tally = field(default_factory=Tally)
     _own: dict[str, _Own] = field(default_factory=dict)
     _done: list[list[int]] = field(default_factory=list)
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from loom.speculative.drafter import MAX_N, Drafter, SuffixIndex
+from loom.speculative.drafter import MAX_N, Drafter, SuffixIndex, Tally
 from loom.tokenizer import IM_END, qwen_tokenizer
 from loom.trace_sets import trace_set
 from loom.traces import Trace, prompt_of
@@ -42,26 +42,6 @@ class Sample:
     prompt: str
     context: tuple[int, ...]
     turns: tuple[Turn, ...]
-
-
-@dataclass
-class Tally:
-    steps: int = 0
-    drafting_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens: int = 0
-    # Steps by the number of drafted tokens they kept.
-    kept: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-
-    def add(self, other: Tally) -> None:
-        self.steps += other.steps
-        self.drafting_steps += other.drafting_steps
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        self.tokens += other.tokens
-        for k, v in other.kept.items():
-            self.kept[k] += v
 
 
 def tokenised(traces: Sequence[Trace]) -> list[Sample]:
@@ -148,11 +128,7 @@ def replay(case: Case, use: Sequence[str], fixed: int | None = None) -> Tally:
             while kept < len(draft.tokens) and i + kept < len(out) and draft.tokens[kept] == out[i + kept]:
                 kept += 1
             made = min(kept + 1, len(out) - i)
-            tally.steps += 1
-            tally.drafting_steps += bool(draft.tokens)
-            tally.drafted += len(draft.tokens)
-            tally.accepted += kept
-            tally.kept[kept] += 1
+            tally.record(len(draft.tokens), kept)
             drafter.feedback(draft, kept)
             own.extend(me, out[i : i + made])
             i += made

@@ -8,8 +8,9 @@ previous epoch. Here each corpus is a ``SuffixIndex`` and a ``Drafter`` picks am
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_N = 2
 MAX_N = 8
@@ -140,3 +141,33 @@ def _chained(corpus: SuffixIndex, tail: Sequence[int], draft: list[int], k: int)
             break
         draft = draft + more
     return draft
+
+
+@dataclass
+class Tally:
+    """Verification steps and what their drafts did; ``tokens`` counts what the steps emitted."""
+
+    steps: int = 0
+    drafting_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    # Steps by the number of drafted tokens they kept.
+    kept: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def record(self, drafted: int, kept: int) -> None:
+        """One verification step that drafted ``drafted`` tokens and kept ``kept`` of them."""
+        self.steps += 1
+        self.drafting_steps += drafted > 0
+        self.drafted += drafted
+        self.accepted += kept
+        self.kept[kept] += 1
+
+    def add(self, other: Tally) -> None:
+        self.steps += other.steps
+        self.drafting_steps += other.drafting_steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.tokens += other.tokens
+        for k, v in other.kept.items():
+            self.kept[k] += v
