@@ -269,9 +269,15 @@ def _sample(logits: torch.Tensor, seqs: list[Seq]) -> tuple[list[tuple[int, floa
             tokens[i] = token
     for i, s in enumerate(seqs):
         if s.req.temperature > 0 and s.req.top_p < 1.0:
-            # Nucleus: the smallest head of the sorted distribution whose mass reaches top_p.
-            head, order = logps[i].exp().sort(descending=True)
-            head[head.cumsum(0) - head >= s.req.top_p] = 0.0
+            head, order = nucleus(logps[i].exp(), s.req.top_p)
             tokens[i] = int(order[draw(head[None], [s])[0]])
     picked = logps[torch.arange(len(seqs)), torch.tensor(tokens)].tolist()
     return list(zip(tokens, picked, strict=True)), logps
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p: ``probs`` sorted, most likely first, with everything past the smallest head whose mass reaches
+    ``top_p`` zeroed (unnormalised), and the order that sorted them."""
+    head, order = probs.sort(descending=True)
+    head[head.cumsum(0) - head >= top_p] = 0.0
+    return head, order

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loom.engine.hf_batch import Seq, draw
+from loom.engine.hf_batch import Seq, draw, nucleus
 from loom.speculative.drafter import MAX_N, MOST, Draft, Drafter, SuffixIndex, Tally
 
 KEEP = 256  # outputs of finished requests kept as drafting corpus
@@ -50,13 +50,16 @@ class Drafts:
             index.add()
             own = _Own(index, Drafter([("own", index), ("engine", self.shared)]), self.shared.add())
             self._own[seq.req.rid] = own
-        context = seq.prompt + seq.output_ids
-        own.index.extend(0, context[own.indexed :])
-        own.indexed = len(context)
+        # Only what arrived since the last step is indexed; the own index's one sequence is the context.
+        n = len(seq.prompt)
+        if own.indexed < n:
+            own.index.extend(0, seq.prompt[own.indexed :])
+        own.index.extend(0, seq.output_ids[max(0, own.indexed - n) :])
+        own.indexed = n + len(seq.output_ids)
         self.shared.extend(own.shared_sid, seq.output_ids[own.shared_indexed :])
         own.shared_indexed = len(seq.output_ids)
         room = seq.req.max_new_tokens - len(seq.output_ids) - 1
-        d = own.drafter.draft(context[-MAX_N:])
+        d = own.drafter.draft(own.index.seqs[0][-MAX_N:])
         return Draft(d.tokens[: min(room, self.most)], d.source)
 
     def feedback(self, seq: Seq, draft: Draft, kept: int) -> None:
@@ -131,7 +134,6 @@ def _target(logps: torch.Tensor, top_p: float) -> torch.Tensor:
     nucleus under top-p, normalised."""
     p = logps.exp()
     if top_p < 1.0:
-        head, order = p.sort(descending=True)
-        head[head.cumsum(0) - head >= top_p] = 0.0
+        head, order = nucleus(p, top_p)
         p = torch.zeros_like(p).scatter_(0, order, head)
     return p / p.sum()
