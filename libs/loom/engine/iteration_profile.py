@@ -312,7 +312,7 @@ def profile_model(
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     w = random_weights(cfg, device, dtype)
     free = memory_bytes if memory_bytes is not None else _free_bytes(device)
-    kv_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * (2 if dtype == torch.bfloat16 else 4)
+    kv_token = cfg.kv_bytes_per_token * dtype.itemsize // 2  # the config counts bf16
     decode: list[dict[str, Any]] = []
     prefill: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []

@@ -120,9 +120,10 @@ def replay(case: Case, use: Sequence[str], fixed: int | None = None) -> Tally:
         while i < len(out):
             for j, s in enumerate(siblings):
                 sid, fed = growing[j]
-                if sid >= 0 and fed < i:
-                    sibs.extend(sid, s.turns[n].output[fed:i])
-                    growing[j] = (sid, max(fed, min(i, len(s.turns[n].output))))
+                upto = min(i, len(s.turns[n].output)) if sid >= 0 else fed
+                if fed < upto:
+                    sibs.extend(sid, s.turns[n].output[fed:upto])
+                    growing[j] = (sid, upto)
             draft = drafter.draft(own.seqs[me][-MAX_N:])
             kept = 0
             while kept < len(draft.tokens) and i + kept < len(out) and draft.tokens[kept] == out[i + kept]:
