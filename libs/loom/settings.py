@@ -22,6 +22,13 @@ def default_shared_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "shared"
 
 
+def cache_dir(*parts: str) -> Path:
+    """A folder under ``$LOOM_CACHE`` (``~/.cache/loom``) for what Loom builds once and keeps, made if missing."""
+    d = Path(os.environ.get("LOOM_CACHE", Path.home() / ".cache" / "loom")).joinpath(*parts)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 class LoomSettings(BaseSettings):
     """Fields every service has. Subclasses set ``env_prefix`` for their own fields."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loom import policy
 from tests.conftest import need_shared
 from tests.e2e.conftest import LOOM
 
@@ -27,6 +28,31 @@ def test_bench_engine_reports_calibration_and_throughput() -> None:
     assert 0.9 <= out["decode_tok_s"] / 81.7 <= 1.1
     assert all(abs(p["rel_error"]) < 0.15 for p in out["calibration"]["points"])
     assert out["sim_tokens_per_wall_s"] == out["throughput"]["sim_tokens_per_wall_s"] > 0
+
+
+def test_bench_engine_real_serves_the_same_rollouts_with_and_without_drafts(tmp_path: Path) -> None:
+    """The transformers engine on this CPU, plain and drafting, on loom train's math rollouts (a fresh tiny
+    policy stands in for the warm-started one, which takes minutes to train). Drafting is lossless: greedy,
+    both engines generate the same tokens, so the same counts, turns and answers."""
+    need_shared("data/tokenizer/qwen.tiktoken")
+    model = policy.save(policy.build_tiny(seed=3), tmp_path / "tiny")
+    out = _bench("engine", "--real", "--speculative", "--quick", "--model-path", str(model), timeout=300)
+    real = out["real"]
+    assert real["model_path"] == str(model) and real["threads"] >= 1
+    for shape, by_t in real["by_shape"].items():
+        assert set(by_t) == {"1.0", "0.0"}, shape
+        for temp, cell in by_t.items():
+            plain, drafting = cell["plain"]["runs"][0], cell["drafting"]["runs"][0]
+            assert plain["trajectories"] == drafting["trajectories"] == cell["trajectories"] > 0
+            assert cell["speedup"] == round(drafting["tokens_per_s"] / plain["tokens_per_s"], 3) > 0
+            assert (
+                drafting["verified_rows"] >= drafting["drafting_rows"]
+                and drafting["drafted"] >= drafting["accepted"]
+            )
+            assert 0 <= cell["drafting"]["acceptance_rate"] <= 1
+            if temp == "0.0":
+                same = ("output_tokens", "turns", "solved")
+                assert {k: plain[k] for k in same} == {k: drafting[k] for k in same}, shape
 
 
 def test_bench_placement_matches_the_dp_and_beats_baselines() -> None:
@@ -131,6 +157,13 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
             plain = out["overall"][w][m]["systems"]
             assert cell["output_tokens"] == {s: r["output_tokens"] for s, r in plain.items()}
             assert out["speculative_gain"][w][m] == cell["gain"]["heddle"] > 0
+            # Drafting shortens decodes only: no gain passes the plain makespan over prefills and tool time.
+            assert 1.0 < cell["gain_ceiling"] == out["speculative_gain_ceiling"][w][m]
+            assert cell["gain"]["heddle"] <= cell["gain_ceiling"] <= cell["gain_ceiling_any_drafting"]
+            # Engines with their own corpora: every system at its placement's share of tokens beside a sibling.
+            local = out["local_corpus"][w][m]
+            assert set(local["gain"]) == set(cell["gain"]) and out["speculative_gain_local"][w][m] > 0
+            assert all(0.0 <= v <= 1.0 for v in local["sibling_local_share"].values())
     assert min(out["speculative_gain"]["coding"].values()) > 1.0  # coding is decode-bound: drafting pays
     assert out["min_speculative_gain"] == min(
         g for by_m in out["speculative_gain"].values() for g in by_m.values()
@@ -143,6 +176,9 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
     assert set(out["target"]["met"]) == {"vs_slime", "vs_best_baseline", "makespan_over_lb"}
     assert set(out["target"]["makespan_breakdown"]) == {"queueing_s", "base_s", "interference_s", "tool_s"}
     report = (tmp_path / "report.md").read_text()
+    assert (
+        "## Drafting engines" in report and report.count("| qwen3-14b |") == 3 * 3
+    )  # overall, tail, drafting
     for png in (
         "overall_throughput",
         "ablations",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loom.harness.bounds import lower_bound, throughput_bound, work
+from loom.engine.sim_core import Speculation
+from loom.harness.bounds import critical_path, lower_bound, throughput_bound, undraftable, work
 from loom.harness.cluster import Cluster
 from loom.harness.rollout import run_rollout
 from loom.protocol import PRESETS
@@ -37,6 +38,28 @@ def test_no_rollout_beats_the_lower_bound(w: Workload, preset: str, model: str, 
     cluster = Cluster(gpus=2, model=model, max_running=max_running)
     r = run_rollout(w, PRESETS[preset], cluster, predictor="oracle")
     assert r.makespan_s >= lower_bound(w, cluster) * (1 - 1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workloads(),
+    st.sampled_from(sorted(PRESETS)),
+    st.floats(1.0, 8.0),
+    st.floats(0.0, 1.0),
+)
+def test_no_drafting_beats_the_undraftable_floor(
+    w: Workload, preset: str, positions: float, kept: float
+) -> None:
+    """Drafting shortens decodes only: however many tokens a step keeps, the makespan stays above the longest
+    trajectory alone on a drafting engine at those rates, and that above its prefills and tool time, which
+    are under its critical path on plain engines."""
+    cluster = Cluster(gpus=2, model="qwen3-8b", max_running=16)
+    spec = Speculation(positions=positions, tokens_per_step=1.0 + kept * (positions - 1.0))
+    r = run_rollout(w, PRESETS[preset], cluster, predictor="oracle", speculation=spec)
+    floor = undraftable(w, cluster)
+    assert r.makespan_s >= critical_path(w, cluster, spec) * (1 - 1e-9)
+    assert critical_path(w, cluster, spec) >= floor * (1 - 1e-9)
+    assert floor <= critical_path(w, cluster) * (1 + 1e-9)
 
 
 def test_the_throughput_bound_counts_observations_not_prompts() -> None:

@@ -107,19 +107,27 @@ def test_a_span_of_verification_steps_is_their_sum(
     assert perf.verify_time(seqs, kv, positions) <= positions * perf.verify_time(seqs, kv, 1.0) + 1e-12
 
 
-def test_verification_grows_less_in_the_model_than_on_the_measured_h200() -> None:
-    """From batch 32 up, where the measured step is the step's own cost (measured/README.md): the model's
-    growth with positions stays under the measured one, so the gains it prices are not overstated."""
-    table = json.loads(MEASURED.read_text())
+@pytest.mark.parametrize("gpu", sorted(MEASURED))
+def test_verification_grows_with_positions_as_measured(gpu: str) -> None:
+    """Each drafted position's cost, model against the measured table (measured/README.md), from two positions
+    on at every measured batch: within 8% on both GPUs. (The measured step from one position to two also
+    switches the profile from FlashAttention to torch's memory-efficient kernel, which only this
+    implementation pays, so it is left out.) The single roofline of a decode iteration, which lets the extra
+    positions hide under the cache read, fell 17% short of the measured growth."""
+    table = json.loads(MEASURED[gpu].read_text())
+    checked = 0
     for m in table["models"]:
         points = {(v["batch"], v["positions"]): v["seconds"] for v in m.get("verify", ())}
-        perf = PerfModel("h200", m["model"])
+        perf = PerfModel(gpu, m["model"])
         for (batch, positions), seconds in points.items():
-            if batch < 32 or positions == 1:
+            if positions <= 2 or (batch, 2) not in points:
                 continue
             kv = batch * 4096
-            model_growth = perf.verify_time(batch, kv, positions) / perf.verify_time(batch, kv, 1)
-            assert 1.0 < model_growth <= seconds / points[(batch, 1)], (m["model"], batch, positions)
+            model_growth = perf.verify_time(batch, kv, positions) / perf.verify_time(batch, kv, 2)
+            measured_growth = seconds / points[(batch, 2)]
+            assert model_growth == pytest.approx(measured_growth, rel=0.08), (m["model"], batch, positions)
+            checked += 1
+    assert checked >= 16
 
 
 def test_kv_capacity_grows_with_memory_and_tp() -> None:
@@ -189,7 +197,7 @@ def test_interference_matches_the_measured_h200_table() -> None:
     """Heddle's F from the recorded model against F measured on an H200 (measured/README.md): the engine the
     benchmarks simulate slows a batch down as a real GPU does. 0.6B is not held to it: the measured
     implementation's unfused kernels dominate so small a model."""
-    errors = interference_errors()
+    errors = interference_errors("h200")
     assert set(errors) == {"qwen3-0.6b", *MEASURED_MODELS}
     for name in MEASURED_MODELS:
         assert len(errors[name]) >= 7
@@ -197,13 +205,38 @@ def test_interference_matches_the_measured_h200_table() -> None:
         assert max(abs(e) for e in errors[name]) < 0.40, name
 
 
-def test_the_roofline_explains_measured_iteration_times() -> None:
-    """Fitted to the measured table, the model's form (roofline, exposed fraction, fixed overhead) reproduces
-    every 8B-32B decode and prefill iteration within 20%, half of them within 6%."""
-    eff, errors = fit_measured()
-    gpu, points = measured_points()
-    assert gpu == "h200" and len(errors) == sum(p.model in MEASURED_MODELS for p in points) >= 55
-    assert statistics.median(abs(e) for e in errors) < 0.06
-    assert max(abs(e) for e in errors) < 0.20
-    # The measured implementation is slower than an engine's fused kernels, never faster than the datasheet.
-    assert 0.3 < eff.memory < EFFICIENCY.get("h200", Efficiency()).memory
+def test_interference_on_the_measured_h100_errs_on_the_cautious_side() -> None:
+    """On the H100 the profile's fixed cost (3.7 ms of unfused kernels, fitted) is a larger share of a
+    batch-1 step, so the measured F is lower than the recorded model's by up to 30% at 8B: the model never
+    makes batching look cheaper than measured by more than 5%. With the efficiencies fitted to the H100
+    table, F is within 9% everywhere. (32B fits only batch 1 beside its weights: no F to compare.)"""
+    for name, errors in interference_errors("h100").items():
+        if name in MEASURED_MODELS and errors:
+            assert min(errors) > -0.05 and max(errors) < 0.30, name
+    eff, _ = fit_measured("h100")
+    for name in ("qwen3-8b", "qwen3-14b"):
+        points = [p for p in measured_points("h100") if p.model == name and not p.prefill_tokens]
+        base = {p.context: p.seconds for p in points if p.batch == 1}
+        perf = PerfModel("h100", name, 1, eff)
+        for p in points:
+            if p.batch > 1 and p.context in base:
+                measured_f = p.seconds / base[p.context]
+                assert perf.interference(p.batch, p.context) == pytest.approx(measured_f, rel=0.09), p
+
+
+@pytest.mark.parametrize(
+    ("gpu", "most", "median", "count"), [("h200", 0.20, 0.06, 55), ("h100", 0.15, 0.05, 40)]
+)
+def test_the_roofline_explains_measured_iteration_times(
+    gpu: str, most: float, median: float, count: int
+) -> None:
+    """Fitted to a measured table, the model's form (roofline, exposed fraction, fixed overhead) reproduces
+    every 8B-32B decode and prefill iteration within ``most``, half of them within ``median``."""
+    eff, errors = fit_measured(gpu)
+    points = measured_points(gpu)
+    assert len(errors) == sum(p.model in MEASURED_MODELS for p in points) >= count
+    assert statistics.median(abs(e) for e in errors) < median
+    assert max(abs(e) for e in errors) < most
+    # The fitted memory rate never beats the card's own copy rate, measured in the same run.
+    copy_tb_s = json.loads(MEASURED[gpu].read_text())["ceilings"]["copy_tb_s"]
+    assert eff.memory > 0.3 and eff.memory * GPUS[gpu].mem_bw_tbps < copy_tb_s

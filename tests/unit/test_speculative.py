@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loom.engine.hf_spec import StepCost, paying_width
 from loom.speculative import acceptance
 from loom.speculative.acceptance import Case, Sample, Turn, replay
-from loom.speculative.drafter import THRESHOLD, Drafter, SuffixIndex, draft_length, expected_kept
+from loom.speculative.drafter import THRESHOLD, Draft, Drafter, SuffixIndex, draft_length, expected_kept
 from loom_cli.bench import speculative as bench
 
 PROPS = settings(max_examples=150, deadline=None)
@@ -154,6 +155,44 @@ def test_an_earlier_epoch_that_said_the_same_is_drafted_almost_whole() -> None:
     assert with_history.steps <= with_history.tokens / 4
     with pytest.raises(ValueError, match="unknown draft sources"):
         replay(case, ["own", "oracle"])
+
+
+@PROPS
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 8), st.floats(0.0, 1.0)), min_size=1, max_size=12),
+    a=st.floats(0.0, 0.05),
+    b=st.floats(1e-5, 0.01),
+)
+def test_a_verification_is_as_wide_as_pays_against_brute_force(
+    rows: list[tuple[int, float]], a: float, b: float
+) -> None:
+    """The chosen width maximises the expected tokens' worth (at a plain step's seconds per token) less the
+    padded columns' cost, against every width tried; unknown costs verify every drafted column."""
+    drafts = [Draft(list(range(n)), "x", rate) for n, rate in rows]
+    widest = max(n for n, _ in rows)
+    per_token = (a + b * len(rows)) / len(rows)
+
+    def net(w: int) -> float:
+        kept = sum(rate**j for n, rate in rows for j in range(1, min(n, w) + 1))
+        return kept * per_token - w * b * len(rows)
+
+    best = max(net(w) for w in range(widest + 1))
+    chosen = paying_width(drafts, (a, b))
+    assert 0 <= chosen <= widest
+    assert net(chosen) >= best - 1e-12 * max(1.0, abs(best))
+    assert paying_width(drafts, None) == widest
+
+
+def test_step_cost_is_fitted_once_steps_vary() -> None:
+    cost = StepCost(window=16)
+    for _ in range(10):
+        cost.observe(32, 0.05)
+    assert cost.fit() is None  # one size only: the slope is unknown
+    for positions in range(1, 17):
+        cost.observe(positions * 10, 0.002 + 0.0004 * positions * 10)
+    a, b = cost.fit() or (0.0, 0.0)
+    assert a == pytest.approx(0.002) and b == pytest.approx(0.0004)
+    assert len(cost._steps) == 16
 
 
 def test_bench_reports_acceptance_per_source_with_intervals() -> None:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.engine.calibration import (
+    MEASURED,
     MEASURED_MODELS,
     POINTS,
     calibration_report,
@@ -45,6 +46,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--sweep", action="store_true", help="per-token time and F for batch 1..256, TP 1, 2, 4, 8"
     )
     p.add_argument(
+        "--real",
+        action="store_true",
+        help="also a small Qwen3 on the transformers engine on this CPU: loom train's math rollouts, tokens/s",
+    )
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="with --real: the same rollouts again on an engine that drafts (lossless speculative decoding)",
+    )
+    p.add_argument(
+        "--model-path", default=None, help="with --real: a local checkpoint instead of the tiny policy"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None, help="with --real: runs of each engine (default 3, quick 1)"
+    )
+    p.add_argument(
         "--throughput",
         action="store_true",
         help="simulated tokens per wall second of the virtual-time driver",
@@ -56,13 +73,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("loom bench engine: --tp, --batch and --context must be positive")
     result = decode(args.model, args.gpu, args.tp, args.batch, args.context)
     result["calibration"] = calibration()
-    result["measured"] = measured()
+    result["measured"] = {gpu: measured(gpu) for gpu in MEASURED}
     if args.sweep:
         result["sweep"] = sweep(args.model, args.gpu, args.context)
     if args.throughput:
         trajectories = 400 if args.quick else 4000
         result["throughput"] = run_workload(8, trajectories, args.model, args.gpu, args.tp)
         result["sim_tokens_per_wall_s"] = result["throughput"]["sim_tokens_per_wall_s"]
+    if args.speculative and not args.real:
+        raise SystemExit("loom bench engine: --speculative measures the real engine; add --real")
+    if args.real:
+        # Imported here: it brings torch and transformers, which every other loom command starts without.
+        from loom_cli.bench.engine_real import real
+
+        result["real"] = real(args.quick, args.speculative, args.model_path, repeats=args.repeats)
     _print_tables(result)
     return result
 
@@ -105,17 +129,17 @@ def calibration() -> dict[str, Any]:
     return {"points": points, "max_abs_rel_error": max(abs(p["rel_error"]) for p in points)}
 
 
-def measured() -> dict[str, Any]:
-    """The model against the table measured on a GPU (loom/engine/measured): its interference factor, and
-    how well its form fits the measured iteration times once its efficiencies are fitted to them."""
-    gpu, points = measured_points()
-    eff, errors = fit_measured()
+def measured(gpu: str) -> dict[str, Any]:
+    """The model against the table measured on one ``gpu`` (loom/engine/measured): its interference factor,
+    and how well its form fits the measured iteration times once its efficiencies are fitted to them."""
+    eff, errors = fit_measured(gpu)
     return {
-        "gpu": gpu,
-        "points": len(points),
+        "points": len(measured_points(gpu)),
+        # A model with fewer than two measured batch sizes at one context (32B on an H100) has no F to compare.
         "interference_rel_error": {
             name: {"median": statistics.median(map(abs, e)), "max": max(map(abs, e))}
-            for name, e in interference_errors().items()
+            for name, e in interference_errors(gpu).items()
+            if e
         },
         "roofline_fit": {
             "models": list(MEASURED_MODELS),
@@ -171,19 +195,19 @@ def _print_tables(r: dict[str, Any]) -> None:
         )
     console.print(cal)
 
-    m = r["measured"]
-    meas = Table(title=f"Heddle's F, model vs measured on {m['gpu']} ({m['points']} iterations)")
-    for c in ("model", "median |error|", "max |error|"):
-        meas.add_column(c, justify="left" if c == "model" else "right")
-    for name, e in m["interference_rel_error"].items():
-        meas.add_row(name, f"{e['median']:.1%}", f"{e['max']:.1%}")
-    console.print(meas)
-    f = m["roofline_fit"]
-    console.print(
-        f"Roofline fitted to the measured {', '.join(f['models'])}: compute {f['compute']:.2f}, memory "
-        f"{f['memory']:.2f}, exposed {f['exposed']:.2f}, overhead {f['overhead_ms']:.1f} ms; "
-        f"|error| median {f['median_abs_rel_error']:.1%}, max {f['max_abs_rel_error']:.1%}"
-    )
+    for gpu, m in r["measured"].items():
+        meas = Table(title=f"Heddle's F, model vs measured on {gpu} ({m['points']} iterations)")
+        for c in ("model", "median |error|", "max |error|"):
+            meas.add_column(c, justify="left" if c == "model" else "right")
+        for name, e in m["interference_rel_error"].items():
+            meas.add_row(name, f"{e['median']:.1%}", f"{e['max']:.1%}")
+        console.print(meas)
+        f = m["roofline_fit"]
+        console.print(
+            f"Roofline fitted to the measured {', '.join(f['models'])} on {gpu}: compute {f['compute']:.2f}, "
+            f"memory {f['memory']:.2f}, exposed {f['exposed']:.2f}, overhead {f['overhead_ms']:.1f} ms; "
+            f"|error| median {f['median_abs_rel_error']:.1%}, max {f['max_abs_rel_error']:.1%}"
+        )
 
     if "sweep" in r:
         s = r["sweep"]
@@ -198,6 +222,42 @@ def _print_tables(r: dict[str, Any]) -> None:
             for i, b in enumerate(s["batches"]):
                 t.add_row(str(b), *(fmt.format(v[i]) for v in s[key].values()))
             console.print(t)
+
+    if "real" in r:
+        x = r["real"]
+        t = Table(
+            title=f"Transformers engine on this CPU ({x['threads']} threads): {x['tasks']} groups of {x['group']} "
+            f"math trajectories, {x['policy']}"
+        )
+        for c in (
+            "shape",
+            "temperature",
+            "engine",
+            "tokens/s",
+            "runs",
+            "accepted/step",
+            "drafting share",
+            "kept",
+        ):
+            t.add_column(c, justify="right")
+        for shape, temp, cell in ((s, k, c) for s, by_t in x["by_shape"].items() for k, c in by_t.items()):
+            for name in ("plain", "drafting"):
+                if name not in cell:
+                    continue
+                c = cell[name]
+                t.add_row(
+                    shape,
+                    temp,
+                    name,
+                    f"{cell[name]['tokens_per_s']:.0f}",
+                    str(len(cell[name]["runs"])),
+                    f"{c['accepted_per_step']:.2f}" if "accepted_per_step" in c else "-",
+                    f"{c['drafting_share']:.0%}" if "drafting_share" in c else "-",
+                    f"{c['acceptance_rate']:.0%}" if "acceptance_rate" in c else "-",
+                )
+            if "speedup" in cell:
+                t.add_row(shape, temp, "drafting / plain", f"{cell['speedup']:.2f}x", "", "", "", "")
+        console.print(t)
 
     if "throughput" in r:
         th = r["throughput"]

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.engine.sim_core import Speculation
+from loom.harness.bounds import critical_path, undraftable
 from loom.harness.cluster import BASELINE_MP, Cluster
 from loom.harness.learned import Learned, cross_fitted
 from loom.harness.rollout import run_rollout
@@ -88,6 +89,8 @@ class Cell:
     policy: tuple[tuple[str, Any], ...]  # the PolicySpec fields, hashable
     predictor: str = "learned"
     drafting: bool = False  # every engine drafts (speculative decoding), at the workload's measured rates
+    # "shared": every engine drafts from every output of the rollout; "local": only from what it served.
+    corpus: str = "shared"
 
     def spec(self) -> dict[str, Any]:
         return dict(self.policy)
@@ -109,8 +112,9 @@ class Plan:
         policy: dict[str, Any],
         predictor: str = "learned",
         drafting: bool = False,
+        corpus: str = "shared",
     ) -> Cell:
-        c = Cell(workload, model, gpus, tuple(sorted(policy.items())), predictor, drafting)
+        c = Cell(workload, model, gpus, tuple(sorted(policy.items())), predictor, drafting, corpus)
         if c not in self.cells:
             self.cells.append(c)
         return c
@@ -162,6 +166,9 @@ def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None, Speculati
     )
     out = r.summary()
     out["trajectories"] = len(workload.trajectories)
+    if speculation is not None:
+        out["undraftable_s"] = round(undraftable(workload, cluster), 2)
+        out["drafting_critical_path_s"] = round(critical_path(workload, cluster, speculation), 2)
     if timelines:
         out["timeline"] = {
             "active": r.active_over_time(100),
@@ -204,22 +211,55 @@ def build_plan(
             layout.setdefault("drafting", {})[w] = {
                 m: {s: plan.cell(w, m, g, {"preset": s}, drafting=True) for s in SYSTEMS} for m in MODELS
             }
+            layout.setdefault("drafting_local", {})[w] = {
+                m: {s: plan.cell(w, m, g, {"preset": s}, drafting=True, corpus="local") for s in SYSTEMS}
+                for m in MODELS
+            }
     return plan, layout
 
 
-def speculation_for(workload: str, quick: bool) -> tuple[Speculation, dict[str, Any]]:
-    """The engine model's drafting rates for a workload: drafts from every source with the adaptive length,
-    replayed on the workload's recorded traces (``loom bench speculative``'s "all")."""
-    prompts = (SPEC_QUICK_PROMPTS if quick else SPEC_PROMPTS)[workload]
-    m = measure(workload_cases(workload, prompts), list(SOURCES))
+# What an engine drafts from when it served neither the group nor the task before: the trajectory's own
+# context and other tasks' outputs.
+FAR_SOURCES = ("own", "corpus")
+
+
+@dataclass(frozen=True)
+class Rates:
+    near: Speculation  # every source: the group's and the task's outputs are on the engine
+    far: Speculation  # FAR_SOURCES only
+
+    def local(self, share: float) -> Speculation:
+        """The expected rates when ``share`` of the tokens are generated where the group's outputs are."""
+        return Speculation(
+            positions=share * self.near.positions + (1 - share) * self.far.positions,
+            tokens_per_step=share * self.near.tokens_per_step + (1 - share) * self.far.tokens_per_step,
+        )
+
+
+def _rates(m: dict[str, Any]) -> Speculation:
     drafted = m["accepted_per_step"] / m["acceptance_rate"] if m["acceptance_rate"] else 0.0
-    spec = Speculation(positions=1.0 + drafted, tokens_per_step=m["tokens_per_step"])
-    return spec, {
-        "positions": spec.positions,
-        "tokens_per_step": spec.tokens_per_step,
-        "accepted_per_step": m["accepted_per_step"],
-        "accepted_per_step_ci95": m["accepted_per_step_ci95"],
-        "samples": m["samples"],
+    return Speculation(positions=1.0 + drafted, tokens_per_step=m["tokens_per_step"])
+
+
+def speculation_for(workload: str, quick: bool) -> tuple[Rates, dict[str, Any]]:
+    """The engine model's drafting rates for a workload: drafts from every source with the adaptive length,
+    replayed on the workload's recorded traces (``loom bench speculative``'s "all"), and from FAR_SOURCES."""
+    prompts = (SPEC_QUICK_PROMPTS if quick else SPEC_PROMPTS)[workload]
+    cases = workload_cases(workload, prompts)
+    near, far = measure(cases, list(SOURCES)), measure(cases, list(FAR_SOURCES))
+    rates = Rates(_rates(near), _rates(far))
+    return rates, {
+        "positions": rates.near.positions,
+        "tokens_per_step": rates.near.tokens_per_step,
+        "accepted_per_step": near["accepted_per_step"],
+        "accepted_per_step_ci95": near["accepted_per_step_ci95"],
+        "samples": near["samples"],
+        "far": {
+            "sources": list(FAR_SOURCES),
+            "positions": rates.far.positions,
+            "tokens_per_step": rates.far.tokens_per_step,
+            "accepted_per_step": far["accepted_per_step"],
+        },
     }
 
 
@@ -248,9 +288,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             plan.seed,
             c in drawn,
             learned[c.workload] if c.predictor == "learned" else None,
-            drafting[c.workload][0] if c.drafting else None,
+            drafting[c.workload][0].near if c.drafting else None,
         )
         for c in plan.cells
+        if c.corpus == "shared"
     ]
     # The longest cells first, so that the pool's last minutes are not one straggler.
     order = sorted(range(len(work)), key=lambda i: (work[i][0].workload != "coding", -work[i][0].gpus, i))
@@ -258,6 +299,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for i, res in zip(order, pool.map(_run_cell, [work[i] for i in order]), strict=True):
             results[work[i][0]] = res
+        if drafting:
+            # Engines that draft only from what they served: at the share of tokens that Loom's placement put
+            # where a sibling had run (measured in the plain cell), the group's rates; elsewhere the far ones.
+            local = [
+                (
+                    c,
+                    prompts[c],
+                    plan.seed,
+                    False,
+                    learned[w] if c.predictor == "learned" else None,
+                    drafting[w][0].local(results[layout["overall"][w][m][sys]]["sibling_local_share"]),
+                )
+                for w, by_m in layout["drafting_local"].items()
+                for m, by_s in by_m.items()
+                for sys, c in by_s.items()
+            ]
+            for (c, *_), res in zip(local, pool.map(_run_cell, local), strict=True):
+                results[c] = res
     out = _assemble(plan, layout, results)
     if drafting:
         out["speculation"] = {w: figures for w, (_, figures) in drafting.items()}
@@ -388,13 +447,48 @@ def _speculative(
                 "output_tokens": {s: results[c]["output_tokens"] for s, c in by_system.items()},
                 "gain": {s: round(tok[s] / plain[s]["throughput_tok_s"], 3) for s in tok},
                 "vs_best_baseline": round(tok["heddle"] / best, 3),
+                # The most drafting at these rates could buy Loom under any schedule: its plain makespan over the
+                # longest trajectory alone on a drafting engine (loom.harness.bounds.critical_path); and at any
+                # rates, over its prefills and tool time, which drafting cannot shorten (bounds.undraftable).
+                "gain_ceiling": round(
+                    plain["heddle"]["makespan_s"] / results[by_system["heddle"]]["drafting_critical_path_s"],
+                    3,
+                ),
+                "gain_ceiling_any_drafting": round(
+                    plain["heddle"]["makespan_s"] / results[by_system["heddle"]]["undraftable_s"], 3
+                ),
                 # No makespan/LB here: the lower bound (loom.harness.bounds) prices plain decoding, and a
                 # drafting engine's decode beats it.
             }
     gains = {w: {m: c["gain"]["heddle"] for m, c in by_m.items()} for w, by_m in cells.items()}
+    # Engines drafting only from what each served (as SGLang's and vLLM's do), against every engine drafting
+    # from every output: each system at its own placement's share of tokens generated beside a sibling.
+    local: dict[str, Any] = {}
+    for w, by_m in layout["drafting_local"].items():
+        local[w] = {}
+        for m, by_system in by_m.items():
+            plain = overall[w][m]["systems"]
+            tok = {s: results[c]["throughput_tok_s"] for s, c in by_system.items()}
+            local[w][m] = {
+                "sibling_local_share": {s: plain[s]["sibling_local_share"] for s in tok},
+                "throughput_tok_s": tok,
+                "gain": {s: round(tok[s] / plain[s]["throughput_tok_s"], 3) for s in tok},
+                "vs_shared": {s: round(tok[s] / cells[w][m]["throughput_tok_s"][s], 3) for s in tok},
+                "vs_best_baseline": round(tok["heddle"] / max(v for s, v in tok.items() if s != "heddle"), 3),
+            }
     return {
         "drafting": cells,
+        "local_corpus": local,
         "speculative_gain": gains,
+        "speculative_gain_ceiling": {
+            w: {m: c["gain_ceiling"] for m, c in by_m.items()} for w, by_m in cells.items()
+        },
+        "speculative_gain_local": {
+            w: {m: c["gain"]["heddle"] for m, c in by_m.items()} for w, by_m in local.items()
+        },
+        "drafting_local_min_ratio_vs_best": min(
+            c["vs_best_baseline"] for by_m in local.values() for c in by_m.values()
+        ),
         "min_speculative_gain": min(g for by_m in gains.values() for g in by_m.values()),
         "drafting_min_ratio_vs_best": min(
             c["vs_best_baseline"] for by_m in cells.values() for c in by_m.values()
@@ -446,6 +540,7 @@ def _print(out: dict[str, Any]) -> None:
             "model",
             "Loom with / without",
             "Loom x best baseline, both drafting",
+            "ceiling of with / without",
             "spec rates",
         ):
             t.add_column(c, justify="right")
@@ -457,7 +552,25 @@ def _print(out: dict[str, Any]) -> None:
                     m,
                     f"{r['gain']['heddle']:.2f}",
                     f"{r['vs_best_baseline']:.2f}",
+                    f"{r['gain_ceiling']:.2f}",
                     f"{rates['positions']:.2f} positions, {rates['tokens_per_step']:.2f} tokens/step",
+                )
+        Console().print(t)
+        t = Table(title="Engines drafting only from what each served (SGLang's and vLLM's n-gram caches)")
+        local_cols = ("workload", "model", "tokens beside a sibling, Loom / best", "Loom with / without")
+        for c in (*local_cols, "Loom x shared corpus", "Loom x best baseline"):
+            t.add_column(c, justify="right")
+        for w, by_model in out["local_corpus"].items():
+            for m, r in by_model.items():
+                share = r["sibling_local_share"]
+                best = max((s for s in share if s != "heddle"), key=lambda s: r["throughput_tok_s"][s])
+                t.add_row(
+                    w,
+                    m,
+                    f"{share['heddle']:.0%} / {share[best]:.0%}",
+                    f"{r['gain']['heddle']:.2f}",
+                    f"{r['vs_shared']['heddle']:.3f}",
+                    f"{r['vs_best_baseline']:.2f}",
                 )
         Console().print(t)
     Console().print(

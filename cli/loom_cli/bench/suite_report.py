@@ -253,6 +253,8 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
                             f"| {p['estimate']} ({p['ci95'][0]} to {p['ci95'][1]}) |"
                         )
             lines.append("")
+    if "drafting" in out:
+        lines += _drafting(out)
     lines += [
         f"![ablations]({images['ablations']})",
         "",
@@ -268,3 +270,31 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _drafting(out: dict[str, Any]) -> list[str]:
+    """Every overall cell again on drafting engines (``--speculative``): shared and per-engine corpora."""
+    lines = [
+        "## Drafting engines (speculative decoding from the group, the earlier epoch and the context)",
+        "",
+        "Each workload's rates were measured on its recorded traces (`loom bench speculative`): "
+        + ", ".join(
+            f"{w} {r['positions']:.2f} positions and {r['tokens_per_step']:.2f} tokens kept per step"
+            for w, r in out["speculation"].items()
+        )
+        + ". Ceiling: Loom's plain makespan over its longest trajectory alone on a drafting engine at those "
+        "rates, which no schedule beats.",
+        "",
+        "| workload | model | Loom with / without | verl | verl* | slime | Loom x best baseline | ceiling "
+        "| own corpora: Loom with / without | Loom x best baseline | tokens beside a sibling, Loom |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w, by_model in out["drafting"].items():
+        for m, r in by_model.items():
+            g, loc = r["gain"], out["local_corpus"][w][m]
+            lines.append(
+                f"| {w} | {m} | {g['heddle']:.2f} | {g['verl']:.2f} | {g['verl_star']:.2f} | {g['slime']:.2f} "
+                f"| {r['vs_best_baseline']:.2f} | {r['gain_ceiling']:.2f} | {loc['gain']['heddle']:.2f} "
+                f"| {loc['vs_best_baseline']:.2f} | {loc['sibling_local_share']['heddle']:.0%} |"
+            )
+    return [*lines, ""]

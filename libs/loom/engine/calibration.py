@@ -120,8 +120,8 @@ def _minimise(
     return x
 
 
-# Iteration times measured on one GPU by ``loom.engine.iteration_profile`` (how: measured/README.md).
-MEASURED = Path(__file__).parent / "measured" / "h200_qwen3.json"
+# Iteration times measured on one GPU of each kind by ``loom.engine.iteration_profile`` (how: measured/README.md).
+MEASURED = {gpu: Path(__file__).parent / "measured" / f"{gpu}_qwen3.json" for gpu in ("h100", "h200")}
 # 0.6B is left out of the fits: its unfused iteration launches ~700 kernels, about 3 ms that the model's
 # own weights (1.2 GB, 0.3 ms of memory time) do not explain; an engine's fused kernels do not pay it.
 MEASURED_MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -139,20 +139,20 @@ class Measured:
         return perf.iteration_time(self.prefill_tokens, self.batch, self.batch * self.context)
 
 
-def measured_points(path: Path = MEASURED) -> tuple[str, list[Measured]]:
-    """The GPU a table was measured on and its decode and prefill iterations."""
-    table = json.loads(path.read_text())
+def measured_points(gpu: str) -> list[Measured]:
+    """The decode and prefill iterations measured on one ``gpu``."""
+    table = json.loads(MEASURED[gpu].read_text())
     points = []
     for m in table["models"]:
         points += [Measured(m["model"], 0, d["batch"], d["context"], d["seconds"]) for d in m["decode"]]
         points += [Measured(m["model"], p["tokens"], 0, 0, p["seconds"]) for p in m["prefill"]]
-    return table["gpu"], points
+    return points
 
 
-def interference_errors(path: Path = MEASURED) -> dict[str, list[float]]:
+def interference_errors(gpu: str) -> dict[str, list[float]]:
     """For each measured model, the relative error of the recorded model's interference factor (Heddle's F:
     a batch's per-token time over batch 1's at the same context) at every measured batch above 1."""
-    gpu, points = measured_points(path)
+    points = measured_points(gpu)
     out: dict[str, list[float]] = {}
     for name in sorted({p.model for p in points}):
         perf = PerfModel(gpu, name)
@@ -166,13 +166,11 @@ def interference_errors(path: Path = MEASURED) -> dict[str, list[float]]:
     return out
 
 
-def fit_measured(
-    path: Path = MEASURED, models: Sequence[str] = MEASURED_MODELS
-) -> tuple[Efficiency, list[float]]:
+def fit_measured(gpu: str, models: Sequence[str] = MEASURED_MODELS) -> tuple[Efficiency, list[float]]:
     """The efficiencies and overhead that best explain a measured table's iteration times (least squares of
     relative error), and each point's relative error under them: how far the roofline's form is from a
     real GPU, apart from how fast the measured implementation is."""
-    gpu, points = measured_points(path)
+    points = measured_points(gpu)
     chosen = [p for p in points if p.model in models]
 
     def of(x: Sequence[float]) -> Efficiency:

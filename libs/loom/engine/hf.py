@@ -38,7 +38,7 @@ from loom.engine.hf_batch import (
     sample_with_top,
     score,
 )
-from loom.engine.hf_spec import Drafts, verify_row
+from loom.engine.hf_spec import Drafts, StepCost, paying_width, verify_row
 from loom.speculative.drafter import MOST, Draft
 
 __all__ = ["HFEngine"]
@@ -87,6 +87,7 @@ class HFEngine:
         self._batch = BatchKV()
         # Speculative decoding (hf_spec): drafts from each request's own tokens and every request's output.
         self.drafts = Drafts(most=draft_most) if speculative else None
+        self._step_cost = StepCost()
         self._waiting: list[Seq] = []
         self._running: dict[str, Seq] = {}
         self._seqs: dict[str, Seq] = {}
@@ -331,14 +332,20 @@ class HFEngine:
             if seq.finish_reason is None:
                 self._batch.add(seq, cache)
         if self._batch.rows and not (self.drafts is not None and self._speculate(model, self.drafts)):
+            start = time.perf_counter()
             self._emit(self._batch.rows, self._batch.step(model))
+            self._step_cost.observe(len(self._batch.rows), time.perf_counter() - start)
 
     def _speculate(self, model: PreTrainedModel, drafts: Drafts) -> bool:
-        """One verification step over the batch, if any row has a draft (else False: a plain step)."""
+        """One verification step over the batch, as wide as its drafts pay for under this engine's measured
+        step cost, if any (else False: a plain step)."""
         rows = self._batch.rows
         proposed = [drafts.draft(s) if s.finish_reason is None else Draft([]) for s in rows]
+        width = paying_width(proposed, self._step_cost.fit())
+        proposed = [Draft(d.tokens[:width], d.source, d.rate) for d in proposed]
         if not any(d.tokens for d in proposed):
             return False
+        start = time.perf_counter()
         logits = self._batch.verify(model, [d.tokens for d in proposed])
         columns = []
         for i, (seq, d) in enumerate(zip(rows, proposed, strict=True)):
@@ -356,6 +363,7 @@ class HFEngine:
             drafts.stats.record(len(d.tokens), kept)
             columns.append(1 + kept)
         self._batch.keep(columns, logits.shape[1])
+        self._step_cost.observe(len(rows) * logits.shape[1], time.perf_counter() - start)
         return True
 
     def _emit(self, seqs: list[Seq], logits: torch.Tensor) -> None:

@@ -7,7 +7,10 @@ what a ``Seq`` has produced so far.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -72,10 +75,22 @@ class Seq:
             self.finish_reason = "length"
 
 
+@functools.cache
+def _cache_kwarg(forward: Callable[..., object]) -> str:
+    # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name warns, and goes
+    # in 5.40); older releases, verl's pin among them, know only the old one.
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def with_cache(model: PreTrainedModel, cache: DynamicCache | None) -> dict[str, DynamicCache | None]:
+    """The keyword that hands ``cache`` to ``model``'s forward, under this transformers release's name."""
+    return {_cache_kwarg(type(model).forward): cache}
+
+
 def prefill(model: PreTrainedModel, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
     """The KV cache of ``ids`` alone (batch 1, no padding) and the logits after its last token."""
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=torch.tensor([ids]), **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     return cache, out.logits[0, -1]
 
 
@@ -187,7 +202,7 @@ class BatchKV:
             input_ids=tokens,
             attention_mask=self.mask,
             position_ids=positions,
-            past_key_values=self.cache,
+            **with_cache(model, self.cache),
             use_cache=True,
         )
         return out.logits

@@ -12,6 +12,7 @@ distributed exactly as plain decoding's; under greedy decoding the tokens are th
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -60,7 +61,7 @@ class Drafts:
         own.shared_indexed = len(seq.output_ids)
         room = seq.req.max_new_tokens - len(seq.output_ids) - 1
         d = own.drafter.draft(own.index.seqs[0][-MAX_N:])
-        return Draft(d.tokens[: min(room, self.most)], d.source)
+        return Draft(d.tokens[: min(room, self.most)], d.source, d.rate)
 
     def feedback(self, seq: Seq, draft: Draft, kept: int) -> None:
         own = self._own.get(seq.req.rid)
@@ -83,6 +84,57 @@ class Drafts:
         for o in self._own.values():
             o.shared_sid, o.shared_indexed = self.shared.add(), 0
             o.drafter.corpora[1] = ("engine", self.shared)
+
+
+@dataclass
+class StepCost:
+    """An engine step's seconds against the positions it computes (rows x columns), a + b * positions, fitted
+    by least squares over the latest ``window`` steps, plain and verifying alike."""
+
+    window: int = 64
+    _steps: deque[tuple[int, float]] = field(default_factory=deque)
+
+    def observe(self, positions: int, seconds: float) -> None:
+        self._steps.append((positions, seconds))
+        if len(self._steps) > self.window:
+            self._steps.popleft()
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), or None before the steps seen vary enough in size to tell them apart."""
+        if len(self._steps) < MIN_STEPS:
+            return None
+        xs = [float(x) for x, _ in self._steps]
+        ys = [y for _, y in self._steps]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx < 1e-9 * len(xs) * max(1.0, mx * mx):
+            return None
+        b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
+        return max(0.0, my - b * mx), b
+
+
+MIN_STEPS = 8  # steps timed before their cost decides how wide a verification is
+
+
+def paying_width(drafts: list[Draft], cost: tuple[float, float] | None) -> int:
+    """How many drafted columns a verification over these rows should compute: each column costs every row
+    one more position (the batch is padded to its widest draft), b * rows seconds, and earns the tokens its
+    drafts are expected to keep (each row's j-th token with probability rate^j), each worth a plain step's
+    seconds per token, (a + b * rows) / rows. The widest column that still earns its cost, in the widest
+    draft when the cost is not known yet."""
+    widest = max((len(d.tokens) for d in drafts), default=0)
+    if cost is None or not drafts:
+        return widest
+    a, b = cost
+    rows = len(drafts)
+    per_token = (a + b * rows) / rows
+    width = 0
+    for j in range(1, widest + 1):
+        earned = sum(d.rate**j for d in drafts if len(d.tokens) >= j)
+        if earned * per_token < b * rows:
+            break
+        width = j
+    return width
 
 
 def verify_row(

@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 from collections import defaultdict
 from typing import Any, Literal
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+from loom.engine.http_engine import HTTPEngine
+from loom.engine.token_ids import ContextIds
 
 log = logging.getLogger(__name__)
 
@@ -62,71 +61,20 @@ def wire_rid(rid: str) -> str:
     return f"{len(rid)}:{rid}"
 
 
-class SGLangEngine:
-    def __init__(
-        self,
-        url: str,
-        model: str = "qwen3-8b",
-        gpu: str = "h100",
-        poll_s: float = 0.5,
-        vocab: int = QWEN3_ORDINARY,
-    ) -> None:
-        self.url = url.rstrip("/")
-        # ``model`` is Loom's name for what the server runs (placement keys on it); SGLang knows only a path.
-        # The real figures replace these in start(); until then the worker reports an empty engine.
-        self.info = EngineInfo(kind="sglang", model=model, gpu=gpu, tp=1, max_running=0, kv_capacity_tokens=0)
-        self.poll_s = poll_s
-        self.vocab = vocab
-        self.weight_version = ""
-        # The checkpoint SGLang serves (its model_path) and the one before the last commit: a fleet whose
-        # update failed on another worker loads the previous one back.
-        self.serving_path = ""
-        self.previous_path = ""
-        self._pending: dict[str, str] = {}  # checkpoint paths prepared, by weight version
-        self._paused = False
-        # Committed without flushing the radix cache (requests were running while paused in place): the KV
-        # cached from the old weights is flushed once this client has nothing in flight.
-        self._stale_cache = False
-        self._priority_sign = 0  # 0: the server ignores priorities, so none is sent
-        self._contexts = ContextIds(0, vocab)
-        self._inflight: set[str] = set()
-        self._warm_ids = itertools.count()
-        self._load = EngineLoad(0, 0, 0, 0, 0)
-        self._session: aiohttp.ClientSession | None = None
-        self._poller: asyncio.Task[None] | None = None
+class SGLangEngine(HTTPEngine):
+    server = "SGLang"
+    kind = "sglang"
+    error = SGLangError
 
-    async def start(self) -> None:
-        if self._session is not None:
-            return
-        # No connection limit: aiohttp's default of 100 would cap the batch below SGLang's max_running.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
-        try:
-            model = await self._json("GET", "/get_model_info")
-            server = await self._json("GET", "/get_server_info")
-            self._configure(model, server)
-            self._load = await self._poll_once()
-        except BaseException:
-            await self._session.close()
-            self._session = None
-            raise
-        self._poller = asyncio.create_task(self._poll(), name=f"sglang-poll-{self.url}")
+    async def _handshake(self) -> None:
+        model = await self._json("GET", "/get_model_info")
+        server = await self._json("GET", "/get_server_info")
+        self._configure(model, server)
 
-    async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
-        if self._session is None:
-            return
+    async def _abort_inflight(self) -> None:
         for rid in list(self._inflight):
             with contextlib.suppress(SGLangError):
                 await self._abort_wire(rid)
-        await self._session.close()
-        self._session = None
 
     async def generate(self, req: EngineRequest) -> EngineOutput:
         key = req.prefix_key or req.rid
@@ -245,26 +193,8 @@ class SGLangEngine:
         await self._abort_wire(wire)
         return True
 
-    def load(self) -> EngineLoad:
-        return self._load
-
-    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
-        # SGLang has no KV import: a prefill-only request leaves the context in the radix cache.
-        rid = f"warm-{next(self._warm_ids)}:{prefix_key}"
-        await self.generate(
-            EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
-        )
-
-    async def prepare_weights(self, version: str, path: str | None) -> None:
-        # SGLang loads in place, at the commit: nothing to load beside the serving weights here.
-        if not path:
-            raise ValueError(f"weight version {version!r} needs a checkpoint path for SGLang to load")
-        self._pending[version] = path
-
     async def commit_weights(self, version: str) -> None:
-        path = self._pending.get(version)
-        if path is None:
-            raise RuntimeError(f"weight version {version!r} was not prepared")
+        path = self._prepared(version)
         # SGLang's flush after the load needs an idle scheduler: paused in place with requests running, it
         # fails and the scheduler dies on an assertion. Not paused, SGLang waits for the requests in flight
         # to finish before it loads, so the flush finds it idle. The requests a paused update leaves
@@ -282,13 +212,8 @@ class SGLangEngine:
             raise WeightUpdateError(
                 f"{self.url} could not load {path!r} as weight version {version!r} (HTTP {status}): {message}"
             )
-        del self._pending[version]
-        self.previous_path, self.serving_path = self.serving_path, path
-        self.weight_version = version
+        self._committed(version, path)
         self._stale_cache = self._stale_cache or not flush
-
-    async def discard_weights(self, version: str) -> None:
-        self._pending.pop(version, None)
 
     async def pause(self) -> None:
         # SGLang's default mode aborts everything in flight; "in_place" keeps requests and their KV, as the
@@ -339,15 +264,6 @@ class SGLangEngine:
         self.serving_path = str(model.get("model_path") or "")
         self._contexts = ContextIds(capacity, self.vocab)
 
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                async with asyncio.timeout(max(10.0, self.poll_s)):
-                    self._load = await self._poll_once()
-            except (SGLangError, ValueError, TimeoutError) as e:
-                log.warning("load poll of %s failed, keeping the last figures: %r", self.url, e)
-
     async def _poll_once(self) -> EngineLoad:
         totals: dict[str, float] = defaultdict(float)
         for family in text_string_to_metric_families(await self._text("GET", "/metrics")):
@@ -397,10 +313,6 @@ class SGLangEngine:
     async def _abort_wire(self, rid: str) -> None:
         await self._json("POST", "/abort_request", {"rid": rid})
 
-    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        text = await self._text(method, path, body)
-        return json.loads(text) if text else {}
-
     async def _answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         """Status and JSON body of an endpoint that reports failure in its body (``success``, ``message``),
         with HTTP 400, as SGLang's weight updates do."""
@@ -411,31 +323,6 @@ class SGLangEngine:
             if status >= 300:
                 raise SGLangError(f"{method} {url}: HTTP {status}: {text.strip()}") from None
             raise SGLangError(f"{method} {url}: not JSON: {text.strip()[:200]}") from None
-
-    def _require_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("SGLangEngine is not running: await start() first")
-        return self._session
-
-    async def _request(
-        self, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[str, int, str]:
-        """The URL, HTTP status and body text of one call; a connection failure is an SGLangError."""
-        session = self._require_session()
-        url = self.url + path
-        try:
-            async with session.request(method, url, json=body) as resp:
-                return url, resp.status, await resp.text()
-        except aiohttp.ClientError as e:
-            raise SGLangError(f"{method} {url}: {e}") from e
-
-    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
-        url, status, text = await self._request(method, path, body)
-        if status == 400:
-            raise ValueError(f"{method} {url}: HTTP 400: {_message(text)}")
-        if status >= 300:
-            raise SGLangError(f"{method} {url}: HTTP {status}: {_message(text)}")
-        return text
 
 
 def _phases(meta: dict[str, Any]) -> tuple[float, float, float]:
@@ -485,18 +372,3 @@ def _top_logprobs(
             f"{url}: {len(rows)} rows of top log-probs for the {len(output_ids)} output ids of request {rid!r}"
         )
     return [[(int(t[1]), float(t[0])) for t in row or ()] for row in rows]
-
-
-def _message(text: str) -> str:
-    """The error message of SGLang's error bodies: {"error": {"message"}} or {"message"}, else the text."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text.strip()
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if "message" in body:
-            return str(body["message"])
-    return text.strip()

@@ -35,15 +35,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
-import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -60,6 +56,7 @@ from pydantic import BaseModel, ConfigDict
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.sim import SimEngine
+from loom.engine.sim_serving import is_dir, serve_engine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 
 log = logging.getLogger(__name__)
@@ -415,7 +412,7 @@ class _SimServer:
 
     async def _load(self, obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
         path = obj.model_path
-        if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(_is_dir, path):
+        if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(is_dir, path):
             # SGLang's loader finds no weights there: its model runner answers this, keeping the old weights.
             return _update_answer(False, f"Failed to get weights iterator: no model directory at {path}.")
         load = self.engine.load()
@@ -534,35 +531,10 @@ def build_app(engine: SimEngine) -> FastAPI:
     return app
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # serve() owns SIGTERM/SIGINT: they stop uvicorn, then the engine is closed.
-        yield
-
-
 async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float) -> None:
     """Run the simulated engine behind SGLang's API until SIGTERM or SIGINT; port 0 picks a free port."""
     engine = SimEngine(model=model, gpu=gpu, tp=tp, clock=Clock(speed))
-    sock = socket.create_server((host, port))
-    server = _Server(uvicorn.Config(build_app(engine), log_level="warning"))
-    loop = asyncio.get_running_loop()
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
-        await engine.start()
-        bound = sock.getsockname()
-        log.info("%s on %d x %s (time x%g) at http://%s:%d", model, tp, gpu, speed, bound[0], bound[1])
-        await server.serve(sockets=[sock])
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await engine.close()
-        sock.close()
-
-
-def _is_dir(path: str) -> bool:
-    return os.path.isdir(os.path.expanduser(path))
+    await serve_engine(engine, build_app(engine), host, port, "SGLang", speed)
 
 
 def _update_answer(success: bool, message: str, status: int | None = None) -> JSONResponse:

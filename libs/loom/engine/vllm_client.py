@@ -62,16 +62,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 from collections import defaultdict
 from typing import Any, Literal
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.http_engine import HTTPEngine
 from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,11 @@ def engine_rid(rid: str) -> str:
     return f"cmpl-{rid}-0"
 
 
-class VLLMEngine:
+class VLLMEngine(HTTPEngine):
+    server = "vLLM"
+    kind = "vllm"
+    error = VLLMError
+
     def __init__(
         self,
         url: str,
@@ -113,64 +116,19 @@ class VLLMEngine:
         poll_s: float = 0.5,
         vocab: int = QWEN3_ORDINARY,
     ) -> None:
-        self.url = url.rstrip("/")
-        # ``model`` is Loom's name for what the server runs (placement keys on it); vLLM has a served name.
-        self.info = EngineInfo(kind="vllm", model=model, gpu=gpu, tp=1, max_running=0, kv_capacity_tokens=0)
-        self.poll_s = poll_s
-        self.vocab = vocab
-        self.served_model = ""
-        self.weight_version = ""
-        # The checkpoint vLLM serves and the one before the last commit, as the SGLang client keeps them.
-        self.serving_path = ""
-        self.previous_path = ""
-        self._pending: dict[str, str] = {}  # checkpoint paths prepared, by weight version
-        self._paused = False
-        # The prefix cache still holds KV of old weights (its reset after a commit failed): reset again once
-        # this client has nothing in flight.
-        self._stale_cache = False
-        self._priority_sign = 0  # 0: the server ignores priorities, so none is sent
-        self._contexts = ContextIds(0, vocab)
-        self._inflight: set[str] = set()
-        self._warm_ids = itertools.count()
+        super().__init__(url, model, gpu, poll_s, vocab)
+        self.served_model = ""  # the name vLLM serves the model by, which every completion names
         self._warned: set[str] = set()
-        self._load = EngineLoad(0, 0, 0, 0, 0)
-        self._session: aiohttp.ClientSession | None = None
-        self._poller: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        if self._session is not None:
-            return
-        # No connection limit: aiohttp's default of 100 would cap the batch below vLLM's max_num_seqs.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
-        try:
-            models = await self._json("GET", "/v1/models")
-            config = await self._server_config()
-            self._configure(models, config)
-            self.weight_version = str((await self._json("GET", "/weight_info")).get("weight_version") or "")
-            self._paused = bool((await self._json("GET", "/is_paused")).get("is_paused"))
-            self._load = await self._poll_once()
-        except BaseException:
-            await self._session.close()
-            self._session = None
-            raise
-        self._poller = asyncio.create_task(self._poll(), name=f"vllm-poll-{self.url}")
+    async def _handshake(self) -> None:
+        models = await self._json("GET", "/v1/models")
+        config = await self._server_config()
+        self._configure(models, config)
+        self.weight_version = str((await self._json("GET", "/weight_info")).get("weight_version") or "")
+        self._paused = bool((await self._json("GET", "/is_paused")).get("is_paused"))
 
-    async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
-        if self._session is None:
-            return
-        if self._inflight:
-            with contextlib.suppress(VLLMError, ValueError):
-                await self._abort_wire(list(self._inflight))
-        await self._session.close()
-        self._session = None
+    async def _abort_inflight(self) -> None:
+        await self._abort_wire(list(self._inflight))
 
     async def generate(self, req: EngineRequest) -> EngineOutput:
         key = req.prefix_key or req.rid
@@ -196,26 +154,8 @@ class VLLMEngine:
         await self._abort_wire([rid])
         return True
 
-    def load(self) -> EngineLoad:
-        return self._load
-
-    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
-        # vLLM has no KV import: a request of one token (its least) leaves the context in the prefix cache.
-        rid = f"warm-{next(self._warm_ids)}:{prefix_key}"
-        await self.generate(
-            EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
-        )
-
-    async def prepare_weights(self, version: str, path: str | None) -> None:
-        # vLLM reloads in place, at the commit: nothing to load beside the serving weights here.
-        if not path:
-            raise ValueError(f"weight version {version!r} needs a checkpoint path for vLLM to load")
-        self._pending[version] = path
-
     async def commit_weights(self, version: str) -> None:
-        path = self._pending.get(version)
-        if path is None:
-            raise RuntimeError(f"weight version {version!r} was not prepared")
+        path = self._prepared(version)
         failure = await self._reload(path)
         if failure is not None:
             restored = await self._reload(self.serving_path) if self.serving_path else "nothing to reload"
@@ -228,15 +168,10 @@ class VLLMEngine:
                 f"{self.url} could not load {path!r} as weight version {version!r}: {failure}; {state}"
             )
         await self._json("POST", "/update_weight_version", {"new_version": version})
-        del self._pending[version]
-        self.previous_path, self.serving_path = self.serving_path, path
-        self.weight_version = version
+        self._committed(version, path)
         # Every KV block came from the old weights: the running requests recompute theirs (vLLM preempts them
         # back to the queue, keeping their tokens), later ones miss the cache.
         self._stale_cache = not await self._reset_cache(running=True)
-
-    async def discard_weights(self, version: str) -> None:
-        self._pending.pop(version, None)
 
     async def pause(self) -> None:
         # vLLM's default mode aborts everything in flight and "wait" drains it; "keep" freezes requests with
@@ -357,7 +292,7 @@ class VLLMEngine:
         """Reload the checkpoint at ``path`` into the serving model; the failure, or None."""
         body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
         _, status, text = await self._request("POST", "/collective_rpc", body)
-        return None if status < 300 else f"HTTP {status}: {_message(text)}"
+        return None if status < 300 else f"HTTP {status}: {self._message(text)}"
 
     async def _reset_cache(self, running: bool) -> bool:
         """Drop the prefix cache (with ``running``, also the KV of the requests running, which recompute it).
@@ -382,7 +317,7 @@ class VLLMEngine:
                 "/pause, /resume, /abort_requests, /collective_rpc and /reset_prefix_cache routes)"
             )
         if status >= 300:
-            raise VLLMError(f"GET {url}: HTTP {status}: {_message(text)}")
+            raise VLLMError(f"GET {url}: HTTP {status}: {self._message(text)}")
         config = json.loads(text).get("vllm_config")
         if not isinstance(config, dict):
             raise VLLMError(f"GET {url}: no vllm_config in JSON (config_format=json)")
@@ -427,15 +362,6 @@ class VLLMEngine:
             kv_capacity_tokens=capacity,
         )
         self._contexts = ContextIds(capacity, self.vocab)
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                async with asyncio.timeout(max(10.0, self.poll_s)):
-                    self._load = await self._poll_once()
-            except (VLLMError, ValueError, TimeoutError) as e:
-                log.warning("load poll of %s failed, keeping the last figures: %r", self.url, e)
 
     async def _poll_once(self) -> EngineLoad:
         totals: dict[str, float] = defaultdict(float)
@@ -527,35 +453,6 @@ class VLLMEngine:
     async def _abort_wire(self, rids: list[str]) -> None:
         await self._json("POST", "/abort_requests", {"request_ids": [engine_rid(r) for r in rids]})
 
-    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        text = await self._text(method, path, body)
-        return json.loads(text) if text else {}
-
-    def _require_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("VLLMEngine is not running: await start() first")
-        return self._session
-
-    async def _request(
-        self, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[str, int, str]:
-        """The URL, HTTP status and body text of one call; a connection failure is a VLLMError."""
-        session = self._require_session()
-        url = self.url + path
-        try:
-            async with session.request(method, url, json=body) as resp:
-                return url, resp.status, await resp.text()
-        except aiohttp.ClientError as e:
-            raise VLLMError(f"{method} {url}: {e}") from e
-
-    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
-        url, status, text = await self._request(method, path, body)
-        if status == 400:
-            raise ValueError(f"{method} {url}: HTTP 400: {_message(text)}")
-        if status >= 300:
-            raise VLLMError(f"{method} {url}: HTTP {status}: {_message(text)}")
-        return text
-
 
 def _choice(url: str, answer: dict[str, Any]) -> dict[str, Any]:
     choices = answer.get("choices")
@@ -618,22 +515,3 @@ def _prompt_rows(
         alts = sorted(((int(n), float(v["logprob"])) for n, v in position.items()), key=lambda e: -e[1])
         rows.append([(t, float(entry["logprob"])), *alts[:k]])
     return rows
-
-
-def _message(text: str) -> str:
-    """The error message of vLLM's error bodies: {"error": {"message"}} (ErrorResponse), {"error": "..."}
-    (the RL routes), {"detail"}, else the text."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text.strip()
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        for key in ("message", "detail"):
-            if key in body:
-                return str(body[key])
-    return text.strip()

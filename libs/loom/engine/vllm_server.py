@@ -44,15 +44,11 @@ import contextlib
 import hashlib
 import logging
 import math
-import os
-import signal
-import socket
 import time
 import uuid
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -69,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.sim import SimEngine
+from loom.engine.sim_serving import is_dir, serve_engine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
 from loom.engine.vllm_client import engine_rid
 
@@ -449,7 +446,7 @@ class _SimServer:
         if obj.method != "reload_weights":
             return _error(f"the simulator's workers have no method {obj.method!r}", 500)
         path = str(obj.keywords.get("weights_path") or self.next_path)
-        if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(_is_dir, path):
+        if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(is_dir, path):
             return _error(f"Cannot find any model weights with `{path}`", 500)
         self.model_path = self.next_path = path
         _keep(self.received.reloads, path)
@@ -575,33 +572,10 @@ def build_app(engine: SimEngine) -> FastAPI:
     return app
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # serve() owns SIGTERM/SIGINT: they stop uvicorn, then the engine is closed.
-        yield
-
-
 async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float) -> None:
     """Run the simulated engine behind vLLM's API until SIGTERM or SIGINT; port 0 picks a free port."""
     engine = sim_engine(model, gpu, tp, Clock(speed))
-    sock = socket.create_server((host, port))
-    server = _Server(uvicorn.Config(build_app(engine), log_level="warning"))
-    loop = asyncio.get_running_loop()
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
-        await engine.start()
-        bound = sock.getsockname()
-        log.info(
-            "%s on %d x %s (time x%g), vLLM API at http://%s:%d", model, tp, gpu, speed, bound[0], bound[1]
-        )
-        await server.serve(sockets=[sock])
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await engine.close()
-        sock.close()
+    await serve_engine(engine, build_app(engine), host, port, "vLLM", speed)
 
 
 def chain_logprobs(ids: Sequence[int], start: int) -> list[float]:
@@ -635,10 +609,6 @@ def prompt_logprobs(ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | 
 def _keep(record: list[Any], *items: Any) -> None:
     record.extend(items)
     del record[:-RECEIVED_KEPT]
-
-
-def _is_dir(path: str) -> bool:
-    return os.path.isdir(os.path.expanduser(path))
 
 
 def _error(message: str, status: int) -> JSONResponse:

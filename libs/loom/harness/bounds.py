@@ -15,44 +15,75 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loom.engine.perf import PerfModel
+from loom.engine.sim_core import Speculation
 from loom.harness.cluster import Cluster
 from loom.workloads.base import Workload, WorkTraj
 
 
 class Alone:
     """A trajectory alone on one engine of ``perf``: its calls' prefills and decodes (``engine``), and with its
-    tool time (``__call__``), no queueing, no interference. Memoised by calls: samples that replay one
-    recorded run (search and tool-use groups beyond their recorded trials, coding's ``replay`` siblings)
-    differ only in their tool times."""
+    tool time (``__call__``), no queueing, no interference; a drafting engine's decodes at ``speculation``'s
+    rates. Memoised by calls: samples that replay one recorded run (search and tool-use groups beyond their
+    recorded trials, coding's ``replay`` siblings) differ only in their tool times."""
 
-    def __init__(self, perf: PerfModel) -> None:
+    def __init__(self, perf: PerfModel, speculation: Speculation | None = None, decode: bool = True) -> None:
         self.perf = perf
+        self.speculation = speculation
+        self.decode = decode  # False: prefills only
         self._engine: dict[tuple[tuple[int, int], ...], float] = {}
 
     def engine(self, t: WorkTraj) -> float:
         s = self._engine.get(t.calls)
         if s is None:
-            s = self._engine[t.calls] = _engine_time(self.perf, t.calls)
+            s = self._engine[t.calls] = _engine_time(self.perf, t.calls, self.decode, self.speculation)
         return s
 
     def __call__(self, t: WorkTraj) -> float:
         return self.engine(t) + t.tool_s
 
 
-def critical_path(workload: Workload, cluster: Cluster) -> float:
-    alone = [Alone(PerfModel(cluster.gpu, cluster.model, d)) for d in cluster.degrees_that_fit()]
+def critical_path(workload: Workload, cluster: Cluster, speculation: Speculation | None = None) -> float:
+    """The longest trajectory alone on its fastest degree; with ``speculation``, on engines that draft at
+    those rates (a bound on what any schedule of them achieves)."""
+    return _longest_alone(workload, cluster, speculation)
+
+
+def undraftable(workload: Workload, cluster: Cluster) -> float:
+    """The longest trajectory's prefills and environment time alone, on its fastest degree: a floor under the
+    makespan that drafting cannot lower, however much it drafts and however cheaply it verifies (it
+    shortens decodes only). The plain makespan over it bounds what drafting can buy."""
+    return _longest_alone(workload, cluster, decode=False)
+
+
+def _longest_alone(
+    workload: Workload, cluster: Cluster, speculation: Speculation | None = None, decode: bool = True
+) -> float:
+    alone = [
+        Alone(PerfModel(cluster.gpu, cluster.model, d), speculation, decode)
+        for d in cluster.degrees_that_fit()
+    ]
     return max((min(a(t) for a in alone) for t in workload.trajectories), default=0.0)
 
 
-def _engine_time(perf: PerfModel, calls: tuple[tuple[int, int], ...]) -> float:
-    """A trajectory's calls ``(input_len, output_len)`` alone on one engine: its prefills and decodes."""
+def _engine_time(
+    perf: PerfModel,
+    calls: tuple[tuple[int, int], ...],
+    decode: bool = True,
+    speculation: Speculation | None = None,
+) -> float:
+    """A trajectory's calls ``(input_len, output_len)`` alone on one engine: its prefills and (``decode``) its
+    decodes, as verification steps at ``speculation``'s rates if given."""
+    positions, per_step = (
+        (1.0, 1.0) if speculation is None else (speculation.positions, speculation.tokens_per_step)
+    )
     time, context = 0.0, 0
     for input_len, output_len in calls:
         new = max(0, input_len - context)
         if new:
             time += perf.iteration_time(new, 0, 0)
-        # The prefill samples token 0; decoding token j reads the input and the j tokens before it.
-        time += perf.decode_span(1, input_len + 1, output_len - 1)
+        if decode:
+            # The prefill samples token 0; decoding token j reads the input and the j tokens before it.
+            time += perf.decode_span(1, input_len + 1, output_len - 1, positions) / per_step
         context = input_len + output_len
     return time
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiodocker
 
+from loom import settings
 from loom.sandbox.docker_backend import docker_url
 from loom.sandbox.types import SandboxError
 
@@ -46,9 +47,7 @@ SLIM = (
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("LOOM_CACHE", Path.home() / ".cache" / "loom")) / "sandbox"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return settings.cache_dir("sandbox")
 
 
 def tmpdir(prefix: str) -> Path:

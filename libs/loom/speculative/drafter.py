@@ -68,6 +68,7 @@ class SuffixIndex:
 class Draft:
     tokens: list[int]
     source: str = ""
+    rate: float = PRIOR  # the source's running acceptance when it drafted: each token's chance, estimated
 
 
 def expected_kept(p: float, k: int) -> float:
@@ -116,7 +117,8 @@ class Drafter:
                     continue
                 key = (expected_kept(self.rate[name], k), n, -order)
             if best is None or key > best:
-                best, chosen = key, Draft(_chained(corpus, tail, corpus.continuation(sid, start, k), k), name)
+                tokens = _chained(corpus, tail, corpus.continuation(sid, start, k), k)
+                best, chosen = key, Draft(tokens, name, self.rate[name])
         return chosen
 
     def feedback(self, draft: Draft, kept: int) -> None:

@@ -1,0 +1,202 @@
+"""What the SGLang and vLLM clients share: one aiohttp session per server, a poller of its load, the
+token-id contexts Loom replays, the checkpoint paths of a weight update, and HTTP calls whose failures raise
+the client's own error (a bad request: ``ValueError``). Each client adds its server's API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from typing import Any, ClassVar
+
+import aiohttp
+
+from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+
+log = logging.getLogger(__name__)
+
+
+class HTTPEngine:
+    # The server's name in messages, the ``EngineInfo.kind`` the worker reports, and what its failures raise.
+    server: ClassVar[str]
+    kind: ClassVar[str]
+    error: ClassVar[type[RuntimeError]]
+
+    def __init__(
+        self,
+        url: str,
+        model: str = "qwen3-8b",
+        gpu: str = "h100",
+        poll_s: float = 0.5,
+        vocab: int = QWEN3_ORDINARY,
+    ) -> None:
+        self.url = url.rstrip("/")
+        # ``model`` is Loom's name for what the server runs (placement keys on it); the server has its own.
+        # The real figures replace these in start(); until then the worker reports an empty engine.
+        self.info = EngineInfo(
+            kind=self.kind, model=model, gpu=gpu, tp=1, max_running=0, kv_capacity_tokens=0
+        )
+        self.poll_s = poll_s
+        self.vocab = vocab
+        self.weight_version = ""
+        # The checkpoint the server serves and the one before the last commit: a fleet whose update failed on
+        # another worker loads the previous one back.
+        self.serving_path = ""
+        self.previous_path = ""
+        self._pending: dict[str, str] = {}  # checkpoint paths prepared, by weight version
+        self._paused = False
+        # The server's prefix cache still holds KV computed by old weights (a commit could not drop it):
+        # dropped once this client has nothing in flight.
+        self._stale_cache = False
+        self._priority_sign = 0  # 0: the server ignores priorities, so none is sent
+        self._contexts = ContextIds(0, vocab)
+        self._inflight: set[str] = set()
+        self._warm_ids = itertools.count()
+        self._load = EngineLoad(0, 0, 0, 0, 0)
+        self._session: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    # What each server does its own way
+
+    async def _handshake(self) -> None:
+        """Read the server's model and settings at start; raise where Loom cannot use it."""
+        raise NotImplementedError
+
+    async def _poll_once(self) -> EngineLoad:
+        raise NotImplementedError
+
+    async def _abort_inflight(self) -> None:
+        """Abort every request this client has in flight (at close)."""
+        raise NotImplementedError
+
+    async def generate(self, req: EngineRequest) -> EngineOutput:
+        raise NotImplementedError
+
+    @staticmethod
+    def _message(text: str) -> str:
+        """The message of an error body: {"error": {"message"}} or {"error": "..."} (vLLM's RL routes),
+        {"message"} or {"detail"} (FastAPI), else the text."""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return text.strip()
+        if isinstance(body, dict):
+            err = body.get("error")
+            if isinstance(err, dict) and "message" in err:
+                return str(err["message"])
+            if isinstance(err, str):
+                return err
+            for key in ("message", "detail"):
+                if key in body:
+                    return str(body[key])
+        return text.strip()
+
+    # Life cycle
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        # No connection limit: aiohttp's default of 100 would cap the batch below the server's.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+        try:
+            await self._handshake()
+            self._load = await self._poll_once()
+        except BaseException:
+            await self._session.close()
+            self._session = None
+            raise
+        self._poller = asyncio.create_task(self._poll(), name=f"{self.kind}-poll-{self.url}")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self._session is None:
+            return
+        if self._inflight:
+            with contextlib.suppress(self.error, ValueError):
+                await self._abort_inflight()
+        await self._session.close()
+        self._session = None
+
+    def load(self) -> EngineLoad:
+        return self._load
+
+    async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
+        # Neither server imports KV: a request that generates nothing (vLLM: one token, dropped) leaves the
+        # context in its prefix cache.
+        rid = f"warm-{next(self._warm_ids)}:{prefix_key}"
+        await self.generate(
+            EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
+        )
+
+    # Weights: both servers load a checkpoint in place, at the commit; nothing loads beside the serving ones.
+
+    async def prepare_weights(self, version: str, path: str | None) -> None:
+        if not path:
+            raise ValueError(f"weight version {version!r} needs a checkpoint path for {self.server} to load")
+        self._pending[version] = path
+
+    def _prepared(self, version: str) -> str:
+        path = self._pending.get(version)
+        if path is None:
+            raise RuntimeError(f"weight version {version!r} was not prepared")
+        return path
+
+    def _committed(self, version: str, path: str) -> None:
+        del self._pending[version]
+        self.previous_path, self.serving_path = self.serving_path, path
+        self.weight_version = version
+
+    async def discard_weights(self, version: str) -> None:
+        self._pending.pop(version, None)
+
+    # Load
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                async with asyncio.timeout(max(10.0, self.poll_s)):
+                    self._load = await self._poll_once()
+            except (self.error, ValueError, TimeoutError) as e:
+                log.warning("load poll of %s failed, keeping the last figures: %r", self.url, e)
+
+    # HTTP
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        text = await self._text(method, path, body)
+        return json.loads(text) if text else {}
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(f"{type(self).__name__} is not running: await start() first")
+        return self._session
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[str, int, str]:
+        """The URL, HTTP status and body text of one call; a connection failure is the client's error."""
+        session = self._require_session()
+        url = self.url + path
+        try:
+            async with session.request(method, url, json=body) as resp:
+                return url, resp.status, await resp.text()
+        except aiohttp.ClientError as e:
+            raise self.error(f"{method} {url}: {e}") from e
+
+    async def _text(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        url, status, text = await self._request(method, path, body)
+        if status == 400:
+            raise ValueError(f"{method} {url}: HTTP 400: {self._message(text)}")
+        if status >= 300:
+            raise self.error(f"{method} {url}: HTTP {status}: {self._message(text)}")
+        return text

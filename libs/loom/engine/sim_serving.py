@@ -1,0 +1,53 @@
+"""Serving a simulated engine behind a server's HTTP API (``sglang_server``, ``vllm_server``): uvicorn on a
+socket of its own, stopped by SIGTERM or SIGINT, the engine closed after it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Generator
+
+import uvicorn
+from fastapi import FastAPI
+
+from loom.engine.sim import SimEngine
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # serve_engine() owns SIGTERM/SIGINT: they stop uvicorn, then the engine is closed.
+        yield
+
+
+async def serve_engine(engine: SimEngine, app: FastAPI, host: str, port: int, api: str, speed: float) -> None:
+    """Run ``app`` over ``engine`` until SIGTERM or SIGINT; port 0 picks a free port. ``api`` names the
+    server whose API it is and ``speed`` the engine clock's, for the log."""
+    sock = socket.create_server((host, port))
+    server = _Server(uvicorn.Config(app, log_level="warning"))
+    loop = asyncio.get_running_loop()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+        await engine.start()
+        bound = sock.getsockname()
+        info = engine.info
+        where = f"http://{bound[0]}:{bound[1]}"
+        log.info("%s on %d x %s (time x%g), %s API at %s", info.model, info.tp, info.gpu, speed, api, where)
+        await server.serve(sockets=[sock])
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await engine.close()
+        sock.close()
+
+
+def is_dir(path: str) -> bool:
+    """Whether a checkpoint path names a directory here (``~`` expanded), as both servers check a load."""
+    return os.path.isdir(os.path.expanduser(path))
