@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -19,7 +24,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from loom.protocol import DecodeError, ErrorReply, decode, encode, subjects
@@ -38,6 +43,30 @@ class BusError(RuntimeError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+# What JetStream answers a write while a replicated stream elects a new leader (a server of a cluster died):
+# the API has no leader (503), or no stream took the publish. Either way nothing was written, so the request
+# that made it may be asked again; services answer it with ``FAILOVER`` for their callers to retry.
+JS_FAILING_OVER = (ServiceUnavailableError, NoStreamResponseError)
+FAILOVER = "failover"
+FAILOVER_S = 30.0  # a leader election takes a few seconds; this long, it is something else
+# And what an election may also look like to a read, or to a write that may have landed: no one answered the
+# API, or no answer came in time. Only an idempotent operation may be tried again after these.
+JS_ELECTING = (*JS_FAILING_OVER, NoRespondersError, NatsTimeoutError)
+
+
+async def through_failover(op: Callable[[], Awaitable[T]]) -> T:
+    """An idempotent JetStream operation (a read, a put of a whole record, a publish with a message id), done
+    again while the streams elect leaders (``JS_ELECTING``), for up to ``FAILOVER_S``."""
+    deadline = time.monotonic() + FAILOVER_S
+    while True:
+        try:
+            return await op()
+        except JS_ELECTING:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def inbox_prefix(user: str) -> str:

@@ -93,6 +93,16 @@ class Runtime:
                 return
             try:
                 result = await handler(obj, msg)
+            except bus.JS_FAILING_OVER as e:
+                self.metrics.handler_errors.labels(subject).inc()
+                log.warning(
+                    "handler for %s: JetStream is failing over (%s); the caller asks again", msg.subject, e
+                )
+                if msg.reply:
+                    await self.nc.publish(
+                        msg.reply, encode(ErrorReply(bus.FAILOVER, f"{e}; nothing was done"))
+                    )
+                return
             except Exception as e:
                 self.metrics.handler_errors.labels(subject).inc()
                 log.exception("handler for %s failed", msg.subject)

@@ -56,14 +56,21 @@ async def _read(js: JetStreamContext, subject: str) -> WorkerInfo | None:
     return _info(msg.data or b"", msg.headers)
 
 
+async def _read_all(js: JetStreamContext) -> dict[str, WorkerInfo]:
+    """Every entry in the bucket, by key."""
+    keys = await kv_keys(js, subjects.KV_WORKERS)
+    found = await asyncio.gather(*(_read(js, PREFIX + k) for k in keys))
+    return {k: w for k, w in zip(keys, found, strict=True) if w is not None}
+
+
 async def read_workers(
     js: JetStreamContext, live_only: bool = True, within_s: float = LIVENESS_S
 ) -> dict[str, WorkerInfo]:
     """Every registered worker (live ones only, by default)."""
-    keys = await kv_keys(js, subjects.KV_WORKERS)
-    found = await asyncio.gather(*(_read(js, PREFIX + k) for k in keys))
     now = time.time()
-    return {w.worker_id: w for w in found if w is not None and (not live_only or is_live(w, now, within_s))}
+    return {
+        w.worker_id: w for w in (await _read_all(js)).values() if not live_only or is_live(w, now, within_s)
+    }
 
 
 class WorkerRegistry:
@@ -85,6 +92,13 @@ class WorkerRegistry:
         self._watcher = await self.kv.watchall()
         self._task = asyncio.create_task(self._follow(self._watcher))
         await asyncio.wait_for(self._ready.wait(), 30)
+        # nats-py can say the initial entries are all in before any arrived: it checks the consumer's pending
+        # count after the server has sent them all but before its callback took one (while 256 workers
+        # heartbeat, one of the first two starts saw an empty fleet). The bucket read whole fills in the rest.
+        for key, info in (await _read_all(self.js)).items():
+            held = self.seen.get(key)
+            if held is None or held.heartbeat_at < info.heartbeat_at:
+                self.seen[key] = info
 
     async def stop(self) -> None:
         if self._watcher is not None:

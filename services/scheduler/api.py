@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 
-from loom import __version__, results
+from loom import __version__, bus, results
 from loom.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
 from loom.service import Runtime
@@ -153,6 +153,14 @@ def build_app(
     app = FastAPI(title="Loom scheduler", version=__version__)
     openapi.install(app)
     add_allow(app)
+
+    async def failing_over(request: Request, e: Exception) -> JSONResponse:
+        # Nothing was written (``bus.JS_FAILING_OVER``): the client may send it again once a leader is elected.
+        detail = f"the bus is failing over ({e}); nothing was done, try again"
+        return JSONResponse(status_code=503, content={"detail": detail}, headers={"Retry-After": "1"})
+
+    for exc in bus.JS_FAILING_OVER:
+        app.add_exception_handler(exc, failing_over)
     browsers = BrowserSessions()
     add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20), browsers)
     unreadable = rt.metrics.counter("results_unreadable_total", "Result records skipped as unreadable")

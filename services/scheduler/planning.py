@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
+import math
 
 from loom.bus import request
 from loom.policies.affinity import eligible
 from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.placement import RoundRobinPlacement
-from loom.policies.profiles import placement_profile
+from loom.policies.profiles import placement_profile, placement_weights, tool_seconds
 from loom.predict import context as predict_context
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
@@ -23,10 +23,10 @@ log = logging.getLogger(__name__)
 
 async def initial_predictions(
     rt: Runtime, job: Job, works: list[TrajWork], timeout_s: float = 2.0
-) -> dict[str, float]:
-    """Prompt-only estimate of each trajectory's total length: one predictor call per prompt (every sample
-    of a group shares it); the history prior where the predictor does not answer. Estimates closer than the
-    predictor's error tie (``partition.coarsen``)."""
+) -> tuple[dict[str, float], float]:
+    """Prompt-only estimate of each trajectory's total length, and the predictor's error (log sd): one
+    predictor call per prompt (every sample of a group shares it); the history prior where the predictor
+    does not answer. Estimates closer than the error tie (``partition.coarsen``)."""
     prior = HistoryPredictor().prior_total
     sem = asyncio.Semaphore(64)
 
@@ -47,7 +47,7 @@ async def initial_predictions(
     log_sd = max((a[2] for a in answers), default=0.0)
     totals = coarsen([a[1] for a in answers], log_sd, min((a[3] for a in answers), default=1.0))
     by_task = dict(zip(tasks, totals, strict=True))
-    return {w.traj_id: by_task[w.task.id] for w in works}
+    return {w.traj_id: by_task[w.task.id] for w in works}, log_sd
 
 
 def prompt_text(w: TrajWork) -> str:
@@ -98,15 +98,22 @@ async def _plan_on(
         return Placement(job.id, rr.place([w.traj_id for w in works], list(workers)))
     if policy.placement != "presorted_dp":
         return Placement(job.id, {})
-    preds = await initial_predictions(rt, job, works)
+    preds, log_sd = await initial_predictions(rt, job, works)
     # Sample-major order: where predictions tie (prompts whose estimates are closer than the predictor's
     # error) the stable presort deals their samples across workers instead of stacking a prompt's samples,
     # whose real lengths are correlated, on one.
-    ids = [w.traj_id for w in sorted(works, key=lambda w: (w.sample, w.group))]
+    order = sorted(works, key=lambda w: (w.sample, w.group))
+    ids = [w.traj_id for w in order]
     names = sorted(workers)
-    prompts = [int(w.task.data.get("prompt_tokens", 0) or 0) for w in works]
-    context = int(statistics.median(prompts) + statistics.median(preds.values()) / 2)
+    predicted = [preds[t] for t in ids]
+    prompts = [float(w.task.data.get("prompt_tokens", 0) or 0) for w in order]
+    # As the harness weighs them: a trajectory counts in a group by the KV cache it holds (its mean context
+    # over the profiles' reference context), and brings its prompt to prefill and its predicted calls' tool
+    # seconds, which no worker shortens. Its mean context here is its prompt and half its predicted output:
+    # a task need not say its prompt's length, and the output alone still sizes the profiles' context.
+    context, weights = placement_weights([p + t / 2 for p, t in zip(prompts, predicted, strict=True)])
     tool_s = job.spec.tool_latency.mean_s
+    tools = [tool_seconds(t, tool_s) for t in predicted]
     try:
         profiles = [
             placement_profile(
@@ -116,7 +123,10 @@ async def _plan_on(
                 context_len=context,
                 max_running=workers[n].max_running,
                 tool_s=tool_s,
-                max_group=len(works),
+                max_group=math.ceil(sum(weights)) + 1,
+                # As the harness profiles them: under PPS a worker keeps its higher-priority trajectories'
+                # caches, and only this profile knows where a worker saturates (which the spread needs).
+                by_priority=policy.priority_cache,
             )
             for n in names
         ]
@@ -125,7 +135,17 @@ async def _plan_on(
         # partition by, so the plan deals trajectories round robin and says why.
         log.warning("job %s: no performance profile (%s); placing round robin", job.id, e)
         return Placement(job.id, rr.place([w.traj_id for w in works], list(workers)))
-    part = presorted_dp([preds[t] for t in ids], profiles)
+    # Under the predictor's error, of the placements it cannot tell from the optimum, the least packed (as
+    # the harness places and the allocator prices).
+    part = presorted_dp(
+        predicted,
+        profiles,
+        weights=weights,
+        prefill=prompts,
+        tool=tools,
+        spread=log_sd > 0,
+        slack=math.exp(log_sd),
+    )
     assignment = part.assignment()
     return Placement(
         job.id,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -28,7 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
 from loom import results
-from loom.bus import kv_keys, request
+from loom.bus import kv_keys, request, through_failover
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.protocol import (
     AbortRequest,
@@ -254,20 +255,18 @@ class StreamManager:
             st = self._running(b.stream_id)
             opened = dict(st.open)
             retry = list(st.retry)
-            for g in b.groups:
-                opened.pop(g, None)
-            for g in b.stale:
-                og = opened.pop(g, None)
-                if og is not None:
-                    retry.append(og.pos)
-            self.m_groups.labels("delivered").inc(len(b.groups))
-            self.m_groups.labels("stale_in_buffer").inc(len(b.stale))
+            # Only the groups still open count: a report asked again (its answer lost) counts once.
+            delivered = [g for g in b.groups if opened.pop(g, None) is not None]
+            stale = [og.pos for og in (opened.pop(g, None) for g in b.stale) if og is not None]
+            retry += stale
+            self.m_groups.labels("delivered").inc(len(delivered))
+            self.m_groups.labels("stale_in_buffer").inc(len(stale))
             st = msgspec.structs.replace(
                 st,
                 open=opened,
                 retry=retry,
-                delivered=st.delivered + len(b.groups),
-                stale_groups=st.stale_groups + len(b.stale),
+                delivered=st.delivered + len(delivered),
+                stale_groups=st.stale_groups + len(stale),
                 consumed_version=max(st.consumed_version, b.version),
                 lease_until=time.time() + st.spec.lease_s,
             )
@@ -495,10 +494,15 @@ class StreamManager:
         task = self.tasks[st.id][task_at(og.pos, st.n_tasks, st.spec.shuffle, st.spec.shuffle_seed)]
         subject = subjects.traj_work(st.id, subjects.work_lane(st.spec.env))
         for w in group_works(st.id, st.spec.job_spec(), task, group, st.spec.async_bound):
-            await self.rt.js.publish(
-                subject,
-                encode(w),
-                headers={"Nats-Msg-Id": results.msg_id(st.id, w.traj_id)},
+            # Through an election of the work stream's leader: the record already holds the group open, and
+            # the message id makes a publish that landed before its answer was lost count once.
+            await through_failover(
+                functools.partial(
+                    self.rt.js.publish,
+                    subject,
+                    encode(w),
+                    headers={"Nats-Msg-Id": results.msg_id(st.id, w.traj_id)},
+                )
             )
 
     async def _republish_open(self, st: Stream) -> None:
@@ -635,7 +639,8 @@ class StreamManager:
         return st
 
     async def _save(self, st: Stream) -> None:
-        await self.kv.put(st.id, encode(st))
+        # Through an election of the bucket's leader: the whole record is put, so a repeat is harmless.
+        await through_failover(functools.partial(self.kv.put, st.id, encode(st)))
         self.streams[st.id] = st
         if st.state in TERMINAL and st.state != "cancelled":
             await self._end_job(st.id, st.state, st.error)

@@ -15,6 +15,7 @@ from loom.protocol import WorkerInfo, encode, subjects
 from loom.workers import WorkerRegistry, read_workers
 
 FLEET = 256
+STARTS = 20
 
 
 def _info(w: str, beat: float) -> bytes:
@@ -80,6 +81,22 @@ async def test_the_watched_registry_follows_joins_and_deaths_and_survives_a_stal
         assert len(live) == FLEET - 2 and "w7" not in live and "w8" not in live
     finally:
         await registry.stop()
+
+
+async def test_a_registry_started_while_the_fleet_heartbeats_sees_all_of_it_at_once(
+    nc: NATS, heartbeats: tuple[KeyValue, set[str]]
+) -> None:
+    """nats-py's watch can say the bucket's entries are all in before any arrived (it checks the consumer's
+    pending count once the server has sent them, before its callback took one); a router starting then saw
+    no workers at all. CI caught it once in a few hundred starts."""
+    kv, _ = heartbeats
+    for _ in range(STARTS):
+        registry = WorkerRegistry(nc.jetstream(), kv, within_s=1.0)
+        await registry.start()
+        try:
+            assert len(await registry.live()) == FLEET
+        finally:
+            await registry.stop()
 
 
 async def test_a_worker_that_joins_appears_through_the_watch(nc: NATS) -> None:

@@ -307,18 +307,20 @@ def _contiguous_cuts(n: int, m: int) -> list[list[int]]:
     m=st.integers(1, 4),
     inc=increments_st,
     sat=st.floats(1, 6),
+    slack=st.sampled_from([1.0, 1.0, 1.05, 1.3, 2.0]),
 )
-def test_a_spread_partition_meets_the_optimum_and_loads_no_worker_further_past_saturation_than_it_must(
-    data: list[tuple[float, float, float]], m: int, inc: list[float], sat: float
+def test_a_spread_partition_meets_the_optimum_within_its_slack_and_loads_no_worker_further_past_saturation_than_it_must(
+    data: list[tuple[float, float, float]], m: int, inc: list[float], sat: float, slack: float
 ) -> None:
-    """Against brute force over every contiguous partition: the makespan is the optimum, and of the
-    partitions that meet it, none loads its most loaded worker less, in multiples of saturation."""
+    """Against brute force over every contiguous partition: the makespan is within ``slack`` of the
+    optimum, and of the partitions that are, none loads its most loaded worker less, in multiples of
+    saturation."""
     lengths = [a for a, _, _ in data]
     weights = [b for _, b, _ in data]
     tool = [c for _, _, c in data]
     prof = _profile(0.01, inc, sat)
     workers = [prof] * m
-    got = presorted_dp(lengths, workers, weights=weights, tool=tool, spread=True)
+    got = presorted_dp(lengths, workers, weights=weights, tool=tool, spread=True, slack=slack)
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
     def cost(edges: list[int]) -> tuple[float, float]:
@@ -337,7 +339,9 @@ def test_a_spread_partition_meets_the_optimum_and_loads_no_worker_further_past_s
 
     costs = [cost(e) for e in _contiguous_cuts(len(lengths), m)]
     optimum = min(c for c, _ in costs)
-    assert got.makespan == pytest.approx(optimum, rel=1e-7)
-    least = min(load for c, load in costs if c <= optimum * (1 + 1e-7))
+    assert got.makespan <= optimum * slack * (1 + 1e-7)
+    if slack == 1.0:
+        assert got.makespan == pytest.approx(optimum, rel=1e-7)
+    least = min(load for c, load in costs if c <= optimum * slack * (1 + 1e-7))
     mine = max(sum(weights[i] for i in got.order[a:b]) / sat for a, b in got.bounds if b > a)
     assert mine <= least * (1 + 1e-6) + 1e-6, (data, m, inc, sat, got.bounds, optimum, got.makespan)

@@ -10,7 +10,7 @@ import numpy as np
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO
 from loom.policies.partition import WorkerProfile
-from loom.policies.profiles import STEP_TOKENS, placement_profile
+from loom.policies.profiles import STEP_TOKENS, placement_profile, tool_seconds
 from loom.policies.resources import ResourceProblem, anneal
 from loom.protocol import ResolvedPolicy
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
@@ -58,7 +58,7 @@ class Cluster:
 def tool_time(cluster: Cluster, predicted: float) -> float:
     """A trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
     tokens) at the cluster's tool time per call."""
-    return predicted / cluster.step_tokens * cluster.tool_s
+    return tool_seconds(predicted, cluster.tool_s, cluster.step_tokens)
 
 
 def allocate(

@@ -9,6 +9,7 @@ and resources are fixed MP or the annealed allocation.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -19,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.interference import context_bucket
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO, Speculation, build_core
 from loom.engine.virtual import VirtualSim
@@ -29,6 +29,7 @@ from loom.harness.learned import Learned, cross_fitted
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
 from loom.policies.partition import coarsen, presorted_dp
+from loom.policies.profiles import placement_weights
 from loom.policies.routing import RouterView, make_routing
 from loom.predict.blend import SiblingBlend
 from loom.predict.history import HistoryPredictor
@@ -121,13 +122,6 @@ def mean_context(t: WorkTraj) -> float:
     return sum(s.output_len * (s.input_len + s.output_len / 2) for s in t.steps) / tokens
 
 
-def placement_weights(contexts: list[float]) -> tuple[int, list[float]]:
-    """The profiles' reference context (the mean, bucketed as the profiles are) and each trajectory's
-    weight in a group: its context over the reference, so F sees KV demand, not just a head count."""
-    ref = context_bucket(max(1, round(sum(contexts) / max(1, len(contexts)))))
-    return ref, [max(c, 1.0) / ref for c in contexts]
-
-
 @dataclass
 class RolloutResult:
     makespan_s: float
@@ -146,6 +140,9 @@ class RolloutResult:
     cache_hit: float = 0.0
     gantt: list[tuple[int, float, float, int]] = field(repr=False, default_factory=list)
     steps_done: list[tuple[float, int]] = field(repr=False, default_factory=list)
+    # The share of output tokens generated on a worker where a sibling of theirs had already started a step:
+    # where an engine's drafter holds the group's outputs (its drafting corpus is its own).
+    sibling_local_share: float = 0.0
 
     @property
     def tail_s(self) -> float:
@@ -191,6 +188,7 @@ class RolloutResult:
             "migrations": self.migrations,
             "cache_hit": round(self.cache_hit, 3),
             "makespan_breakdown": self.breakdown,
+            "sibling_local_share": round(self.sibling_local_share, 4),
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -264,8 +262,10 @@ def run_rollout(
             weights=[weights[i] for i in order],
             prefill=[prefill[i] for i in order],
             tool=[tools[i] for i in order],
-            # Predictions with an error: of the optimal placements, the least packed (``_spread``).
+            # Predictions with an error: of the placements they cannot tell from the optimum, the least
+            # packed (``_spread``).
             spread=pred.admission_log_sd > 0,
+            slack=math.exp(pred.admission_log_sd),
         )
         assignment = part.assignment()
         for rank, i in enumerate(order):
@@ -300,6 +300,8 @@ def run_rollout(
     siblings: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
         siblings.setdefault(t.prompt, []).append(i)
+    served: list[dict[str, set[int]]] = [collections.defaultdict(set) for _ in range(m)]
+    sibling_local = 0
 
     def priority(i: int) -> float:
         if policy.order == "pps":
@@ -311,6 +313,7 @@ def run_rollout(
         return 0.0
 
     def start_step(i: int, k: int) -> None:
+        nonlocal sibling_local
         t = trajs[i]
         st = t.steps[k]
         if routing is not None:
@@ -321,6 +324,9 @@ def run_rollout(
             )
         else:
             w = where[i]
+        group_here = served[w][t.prompt]
+        sibling_local += st.output_len if group_here - {i} else 0
+        group_here.add(i)
         inflight[w] += 1
         req = EngineRequest(
             f"{i}.{k}", st.input_len, st.output_len, prefix_key=str(i), ignore_eos=True, priority=priority(i)
@@ -433,6 +439,7 @@ def run_rollout(
         cache_hit=cached / inputs if inputs else 0.0,
         gantt=gantt,
         steps_done=steps_done,
+        sibling_local_share=sibling_local / tokens if tokens else 0.0,
     )
 
 

@@ -144,6 +144,7 @@ def presorted_dp(
     prefill: Sequence[float] | NDArray[np.float64] | None = None,
     tool: Sequence[float] | NDArray[np.float64] | None = None,
     spread: bool = False,
+    slack: float = 1.0,
 ) -> Partition:
     """Optimal contiguous partition of trajectories sorted by length onto workers sorted by speed.
 
@@ -157,8 +158,10 @@ def presorted_dp(
     as the group's head moves down, which keeps both solvers exact): where tool time grows with length,
     a faster worker shortens the head's generation but not its tools, and the allocation weighs that.
 
-    ``spread`` (parametric only): of the optimal partitions, one that loads no worker further past its
-    saturation than it must (``_spread``): for predictions too uncertain to pack by.
+    ``spread`` (parametric only): of the partitions within ``slack`` times the optimal makespan, one that
+    loads no worker further past its saturation than it must (``_spread``): for predictions too uncertain to
+    pack by. Partitions whose predicted makespans differ by less than the predictions' error are alike to
+    the predictor; the harness passes the error (``exp`` of its log sd) as the slack.
 
     ``max_items`` aggregates the shortest trajectories into equal-count chunks when there are more than
     that many (Heddle's aggregation of short trajectories below a threshold): boundaries among the short
@@ -170,6 +173,8 @@ def presorted_dp(
         raise ValueError("no workers")
     if np.any(lens < 0) or not np.all(np.isfinite(lens)):
         raise ValueError("lengths must be finite and non-negative")
+    if not 1.0 <= slack < np.inf:
+        raise ValueError("slack must be finite and at least 1")
     wts = np.ones(len(lens)) if weights is None else np.asarray(weights, dtype=np.float64)
     if wts.shape != lens.shape:
         raise ValueError(f"{len(wts)} weights for {len(lens)} trajectories")
@@ -202,7 +207,7 @@ def presorted_dp(
     cws = [sums[k][0] for k in keys]
     cks = [sums[k][1] for k in keys]
     if method == "parametric":
-        cuts = _solve_parametric(heads, tails, cws, cks, ordered, spread)
+        cuts = _solve_parametric(heads, tails, cws, cks, ordered, slack if spread else None)
     elif method == "dp":
         cuts = _solve_dp(heads, tails, cws, cks, ordered)
     else:
@@ -386,7 +391,7 @@ def _solve_parametric(
     cws: Sequence[NDArray[np.float64]],
     cks: Sequence[NDArray[np.float64]],
     workers: Sequence[WorkerProfile],
-    spread: bool = False,
+    spread_within: float | None = None,
 ) -> list[tuple[int, int]]:
     n, m = len(heads), len(workers)
     if n == 0:
@@ -473,8 +478,8 @@ def _solve_parametric(
         probe_lo = False
         if not progress:
             break  # the bracket is as tight as rounding in the weights allows
-    if spread and any(np.isfinite(p.saturation) for p in workers):
-        best = _spread(fill, best, hi, max(float(cw[-1]) for cw in cws), workers)
+    if spread_within is not None and any(np.isfinite(p.saturation) for p in workers):
+        best = _spread(fill, best, hi * spread_within, max(float(cw[-1]) for cw in cws), workers)
     return _cuts(best)
 
 
@@ -485,8 +490,9 @@ def _spread(
     total: float,
     workers: Sequence[WorkerProfile],
 ) -> NDArray[np.int64]:
-    """Among the partitions that meet the optimal makespan, one that loads no worker further past its
-    saturation than it must: the smallest cap (a multiple of saturation) at which the fill still meets it.
+    """Among the partitions that meet ``makespan`` (the optimum, or the most the predictions cannot tell
+    from it), one that loads no worker further past its saturation than it must: the smallest cap (a
+    multiple of saturation) at which the fill still meets it.
     The optimum is set by a few groups and leaves the others slack, which the greedy fill spends packing
     the first workers full while the last stand idle. Packed past saturation, a worker queues what it
     cannot batch, and where the predictions are exact the priority order keeps the group's longest ahead;

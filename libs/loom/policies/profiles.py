@@ -19,7 +19,7 @@ not used there.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -135,6 +135,19 @@ def _grid_factors(
         for g in sizes
     ]
     return sizes, tuple(t / times[0] for t in times)
+
+
+def placement_weights(contexts: Sequence[float]) -> tuple[int, list[float]]:
+    """The profiles' reference context (the mean, bucketed as the profiles are) and each trajectory's
+    weight in a group: its context over the reference, so F sees KV demand, not just a head count."""
+    ref = context_bucket(max(1, round(sum(contexts) / max(1, len(contexts)))))
+    return ref, [max(c, 1.0) / ref for c in contexts]
+
+
+def tool_seconds(predicted: float, tool_s: float, step_tokens: float = STEP_TOKENS) -> float:
+    """A trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
+    tokens) at ``tool_s`` per call."""
+    return predicted / step_tokens * tool_s
 
 
 def placement_profile(

@@ -7,11 +7,12 @@ redistribute (move k GPUs from one worker to another, both ending on allowed deg
 memoised per state: annealing revisits states often, and each costs one DP.
 
 Where the lengths are predictions with an error (``log_sd``: the log sd of actual over predicted), a state
-costs its expected makespan: the DP places by the predictions, and the placement is priced on draws of
-the actual lengths (log-normal around the predictions, the same draws for every state). Heddle's Algorithm
-2 prices a state by the DP's own makespan, which assumes the predictions exact: under a weak predictor it
-puts trajectories predicted short on small, slow workers, where the long ones it misjudged then finish
-last. Exact predictions (``log_sd`` 0) keep Algorithm 2's objective.
+costs its expected makespan: the DP places by the predictions as the rollout will (of the partitions within
+the error of the optimum, the least packed), and the placement is priced on draws of the actual lengths
+(log-normal around the predictions, the same draws for every state). Heddle's Algorithm 2 prices a state
+by the DP's own makespan, which assumes the predictions exact: under a weak predictor it puts trajectories
+predicted short on small, slow workers, where the long ones it misjudged then finish last. Exact
+predictions (``log_sd`` 0) keep Algorithm 2's objective.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class ResourceProblem:
         self._costs: dict[State, float] = {}
         if log_sd < 0 or not math.isfinite(log_sd) or draws < 1:
             raise ValueError("log_sd must be finite and non-negative, draws at least 1")
+        self.log_sd = log_sd
         rng = np.random.default_rng(seed)
         self.factors = (
             np.exp(log_sd * rng.standard_normal((draws, len(self.lengths)))) if log_sd > 0 else None
@@ -87,6 +89,10 @@ class ResourceProblem:
                 weights=self.weights,
                 prefill=self.prefill,
                 tool=self.tool,
+                # The placement the rollout makes: under an error, the least packed of those it cannot
+                # tell from the optimum.
+                spread=self.log_sd > 0,
+                slack=math.exp(self.log_sd),
             )
         return p
 

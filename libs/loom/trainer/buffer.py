@@ -13,20 +13,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import ServiceUnavailableError
 
+from loom import bus
 from loom.policies.staleness import AsyncBound
 from loom.protocol import BatchTaken, DecodeError, SampleGroup, Stream, Trajectory, decode, subjects
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class StreamClosed(RuntimeError):
@@ -94,7 +92,7 @@ class SampleBuffer:
                 ack_wait=120.0,
                 max_ack_pending=100_000,
             )
-            self._sub = await _through_failover(
+            self._sub = await bus.through_failover(
                 lambda: self.js.pull_subscribe(
                     subjects.samples(self.stream_id),
                     durable=cfg.durable_name,
@@ -130,7 +128,7 @@ class SampleBuffer:
                 raise TimeoutError(f"{len(got)} of {n_groups} groups ready after {timeout_s:.0f} s")
             try:
                 msgs = await sub.fetch(n_groups - len(got), timeout=min(1.0, left) if left else 1.0)
-            except (ServiceUnavailableError, NoRespondersError) as e:  # a timeout here means no group yet
+            except (*bus.JS_FAILING_OVER, NoRespondersError) as e:  # a timeout here means no group yet
                 log.info("stream %s: the samples stream is failing over (%s); waiting", self.stream_id, e)
                 await asyncio.sleep(0.5)
                 continue
@@ -170,7 +168,9 @@ class SampleBuffer:
     async def _read_group(self, g: SampleGroup) -> Group:
         trajs = []
         for seq in g.seqs:
-            m = await _through_failover(functools.partial(self.js.get_msg, subjects.STREAM_RESULTS, seq=seq))
+            m = await bus.through_failover(
+                functools.partial(self.js.get_msg, subjects.STREAM_RESULTS, seq=seq)
+            )
             assert m.data is not None
             trajs.append(decode(m.data, Trajectory))
         return Group(g.stream_id, g.group, g.task_id, g.start_version, trajs)
@@ -184,24 +184,6 @@ class SampleBuffer:
                 await self.js.delete_consumer(subjects.STREAM_SAMPLES, consumer_name(self.stream_id))
             except Exception as e:
                 log.debug("consumer of %s not deleted: %s", self.stream_id, e)
-
-
-# What JetStream answers while a replicated stream elects a new leader (a server of a cluster died): the API
-# has no leader to answer (503), or no one answers in time. Both pass within a few seconds.
-FAILOVER = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError)
-FAILOVER_S = 30.0
-
-
-async def _through_failover(op: Callable[[], Awaitable[T]]) -> T:
-    """``op()``, again while JetStream fails over (``FAILOVER``), for up to ``FAILOVER_S``."""
-    deadline = time.monotonic() + FAILOVER_S
-    while True:
-        try:
-            return await op()
-        except FAILOVER:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
 
 
 async def _nak(held: list[tuple[Msg, SampleGroup]]) -> None:

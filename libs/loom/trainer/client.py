@@ -44,19 +44,24 @@ T = TypeVar("T")
 
 
 async def _ask(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
-    """``bus.request``, waiting out a scheduler that is not there yet: one starting, or a standby taking over
-    from a dead one (``loom.lease``), answers no one for a moment. No responder means no one got the
-    request, so asking again is safe, even for a request that is not idempotent."""
+    """``bus.request``, waiting out a scheduler that is not there yet and a bus that fails over. A scheduler
+    starting, or a standby taking over from a dead one (``loom.lease``), answers no one for a moment; one whose
+    JetStream write found no stream leader (a nats-server of a cluster died) answers ``FAILOVER``. Either way
+    the request did nothing, so asking again is safe, even for a request that is not idempotent."""
     start = time.monotonic()
-    # A takeover takes up to the lease's ttl: wait that long for a responder, whatever the request's timeout.
-    give_up = start + max(timeout_s, lease_ttl() + 2.0)
+    # A takeover takes up to the lease's ttl, an election a few seconds: wait that long, whatever the timeout.
+    takeover_until = start + max(timeout_s, lease_ttl() + 2.0)
+    failover_until = start + max(timeout_s, bus.FAILOVER_S)
     while True:
         try:
             return await bus.request(nc, subject, payload, reply_type, timeout_s=timeout_s)
         except NoRespondersError:
-            if time.monotonic() >= give_up:
+            if time.monotonic() >= takeover_until:
                 raise
-            await asyncio.sleep(0.2)
+        except bus.BusError as e:
+            if e.code != bus.FAILOVER or time.monotonic() >= failover_until:
+                raise
+        await asyncio.sleep(0.2)
 
 
 class StreamClient:
