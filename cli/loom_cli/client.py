@@ -1,7 +1,14 @@
-"""A small REST client for the scheduler API."""
+"""A small REST client for the scheduler API.
+
+Reads (and a cancel, which is idempotent) are asked again while the API is being taken over or its bus elects a
+leader: a connection refused or cut, or a 503, for up to ``retry_s``. A submission is not: asked twice, it would
+make two jobs.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +25,12 @@ class ApiError(RuntimeError):
 
 
 class LoomClient:
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, token: str | None = None, timeout: float = 30.0, retry_s: float = 30.0
+    ) -> None:
         headers = auth.header(token) if token else {}
         self.http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
+        self.retry_s = retry_s
 
     def close(self) -> None:
         self.http.close()
@@ -38,24 +48,45 @@ class LoomClient:
         out: dict[str, Any] = self._check(self.http.post("/v1/jobs", json=spec))
         return out
 
+    def _again(self, method: str, path: str, **params: Any) -> httpx.Response:
+        """An idempotent call, asked again through a takeover or a bus election (see the module's doc)."""
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            try:
+                r = self.http.request(method, path, params=params or None)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            if r.status_code == 503 and time.monotonic() < deadline:
+                time.sleep(min(float(r.headers.get("retry-after") or 1), 5.0))
+                continue
+            return r
+
     def job(self, job_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = self._check(self.http.get(f"/v1/jobs/{job_id}"))
+        out: dict[str, Any] = self._check(self._again("GET", f"/v1/jobs/{job_id}"))
         return out
 
     def jobs(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = self._check(self.http.get("/v1/jobs"))["jobs"]
+        out: list[dict[str, Any]] = self._check(self._again("GET", "/v1/jobs"))["jobs"]
         return out
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = self._check(self.http.delete(f"/v1/jobs/{job_id}"))
+        out: dict[str, Any] = self._check(self._again("DELETE", f"/v1/jobs/{job_id}"))
         return out
 
-    def trajectories(self, job_id: str) -> Iterator[bytes]:
-        """The job's stored trajectories as NDJSON lines."""
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/trajectories", params={"format": "ndjson"}) as r:
-            if r.status_code >= 400:
-                r.read()
-                self._check(r)
-            for line in r.iter_lines():
-                if line:
-                    yield line.encode()
+    def trajectories(self, job_id: str, page: int = 200) -> Iterator[bytes]:
+        """The job's stored trajectories as NDJSON lines, read page by page from the stream's cursor: each page
+        whole or asked again, so a read cut short by a takeover resumes where it was, and ends only at the
+        stream's end (never early on a failure)."""
+        cursor = 0
+        while True:
+            out = self._check(
+                self._again("GET", f"/v1/jobs/{job_id}/trajectories", cursor=cursor, limit=page)
+            )
+            for item in out["items"]:
+                yield json.dumps(item, separators=(",", ":")).encode()
+            cursor = out["next_cursor"]
+            if out["done"]:
+                return

@@ -189,6 +189,8 @@ async def serve(rt: Runtime, build: Callable[[Runtime], Service], signals: bool 
         log.info("%s %s up (pid %d, nats %s)", rt.name, rt.instance, os.getpid(), rt.settings.nats_url)
         await service.run(rt)
     finally:
+        # However it ended (a lost lease, a crash), every loop that waits on the stop ends before the drain.
+        rt.stopping.set()
         await rt.drain()
         log.info("%s %s stopped", rt.name, rt.instance)
 

@@ -74,8 +74,16 @@ class Scheduler:
         app = build_app(rt, self.jobs, self.rljobs, self.streams, self.tokens, self.dashboard)
         add_standby(app, self.role)
         server = _Server(
-            uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+            uvicorn.Config(
+                app,
+                host=self.settings.host,
+                port=self.settings.port,
+                log_level="warning",
+                # A stop closes the port at once and gives open answers (a dashboard's event stream) this long.
+                timeout_graceful_shutdown=5,
+            )
         )
+        lost: list[LeaseLost] = []
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(server.serve())
@@ -89,16 +97,27 @@ class Scheduler:
                     tg.create_task(self.jobs.reconcile_forever())
                     tg.create_task(self.streams.lease_forever())
                     tg.create_task(self.dashboard.poll_reward_forever())
-                    tg.create_task(self.lease.keep(rt.stopping))
+                    tg.create_task(self._hold_lease(rt, lost))
                 await rt.stopping.wait()
                 server.should_exit = True
-        except* LeaseLost as e:
-            log.error("scheduler %s stops: %s", rt.instance, e.exceptions[0])
-            raise SystemExit(3) from None
         finally:
             await self.role.close()
-        if self.role.active:
             await self.streams.close()
+        if lost:
+            log.error("scheduler %s stops: %s", rt.instance, lost[0])
+            raise SystemExit(3)
+
+    async def _hold_lease(self, rt: Runtime, lost: list[LeaseLost]) -> None:
+        """Keep the lease. One that loses it stops acting at once, and the whole instance stops as on SIGTERM:
+        its API closes its port rather than answer from what it last knew, with its bus connection gone (its
+        supervisor restarts it as a standby)."""
+        try:
+            await self.lease.keep(rt.stopping)
+        except LeaseLost as e:
+            assert self.role is not None
+            self.role.active = False
+            lost.append(e)
+            rt.stopping.set()
 
     async def _leader(self) -> str | None:
         try:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import msgspec
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from starlette.datastructures import MutableHeaders
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loom import __version__, bus, results
 from loom.auth import Principal, Tokens, bearer
@@ -96,18 +98,47 @@ def tenant_of(spec: JobSpec, who: Principal) -> JobSpec | JSONResponse:
 
 def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int, browsers: BrowserSessions) -> None:
     refused = rt.metrics.counter("auth_refused_total", "REST requests refused", ["reason"])
+    app.add_middleware(Authenticate, tokens=tokens, max_body=max_body, browsers=browsers, refused=refused)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+
+class Authenticate:
+    """Every request names its principal by a bearer token (the dashboard: once in its URL, then a session
+    cookie), and announces a body no larger than the limit. A pure ASGI middleware, as each of the scheduler's
+    is: Starlette's ``BaseHTTPMiddleware`` ends a streamed body cleanly where the app failed mid-stream, so a
+    client would take a truncated result stream for a whole one."""
+
+    def __init__(
+        self, app: ASGIApp, tokens: Tokens, max_body: int, browsers: BrowserSessions, refused: Any
+    ) -> None:
+        self.app, self.tokens, self.max_body, self.browsers, self.refused = (
+            app,
+            tokens,
+            max_body,
+            browsers,
+            refused,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, request: Request) -> JSONResponse | None:
         token = bearer(request.headers.get("authorization"))
-        who = tokens.who(token) or tokens.session_principal(request.url.path, token)
+        who = self.tokens.who(token) or self.tokens.session_principal(request.url.path, token)
         if who is None and request.method == "GET" and request.url.path.startswith("/ui"):
             # The dashboard, in a browser: its token once in the URL (/ui?token=...), then its session cookie.
             in_url = request.query_params.get("token", "") if request.url.path == "/ui" else ""
-            who = tokens.who(in_url) or browsers.who(request.cookies.get(BrowserSessions.COOKIE))
+            who = self.tokens.who(in_url) or self.browsers.who(request.cookies.get(BrowserSessions.COOKIE))
         if who is None:
             reason = "wrong_token" if token else "no_token"
-            refused.labels(reason).inc()
+            self.refused.labels(reason).inc()
             client = request.client.host if request.client else "?"
             log.warning("refused %s %s from %s: %s", request.method, request.url.path, client, reason)
             return JSONResponse(
@@ -115,31 +146,40 @@ def add_auth(app: FastAPI, rt: Runtime, tokens: Tokens, max_body: int, browsers:
                 content={"detail": "a valid bearer token is required"},
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        request.state.principal = who
+        request.state.principal = who  # kept in the scope's state, where the routes' requests read it
         size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > max_body):
+        if size is not None and (not size.isdigit() or int(size) > self.max_body):
             return JSONResponse(
-                status_code=413, content={"detail": f"request bodies are limited to {max_body} bytes"}
+                status_code=413, content={"detail": f"request bodies are limited to {self.max_body} bytes"}
             )
         if size is None and "chunked" in request.headers.get("transfer-encoding", "").lower():
             # A body of unannounced length could be any size: the limit needs its length up front.
             return JSONResponse(status_code=411, content={"detail": "give the body's Content-Length"})
-        return await call_next(request)
+        return None
 
 
-def add_allow(app: FastAPI) -> None:
+class Allow:
     """A 405 names every method the path has (Starlette names only those of the first route it matched)."""
 
-    @app.middleware("http")
-    async def allow(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        if response.status_code == 405:
-            methods: set[str] = set()
-            for route in app.routes:
-                if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
-                    methods |= route.methods or set()
-            response.headers["Allow"] = ", ".join(sorted(methods))
-        return response
+    def __init__(self, app: ASGIApp, routes: FastAPI) -> None:
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_allowed(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                methods: set[str] = set()
+                for route in self.routes.routes:
+                    if isinstance(route, APIRoute) and route.matches(scope)[0] != Match.NONE:
+                        methods |= route.methods or set()
+                headers = MutableHeaders(scope=message)
+                headers["Allow"] = ", ".join(sorted(methods))
+            await send(message)
+
+        await self.app(scope, receive, send_allowed)
 
 
 def build_app(
@@ -152,7 +192,7 @@ def build_app(
 ) -> FastAPI:
     app = FastAPI(title="Loom scheduler", version=__version__)
     openapi.install(app)
-    add_allow(app)
+    app.add_middleware(Allow, routes=app)
 
     async def failing_over(request: Request, e: Exception) -> JSONResponse:
         # Nothing was written (``bus.JS_FAILING_OVER``): the client may send it again once a leader is elected.
@@ -219,10 +259,18 @@ def build_app(
     ) -> Response:
         job_or_404(job_id, principal(request))
         if format == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
+            # The first page is read before the answer begins, so a bus that cannot answer gets a 503 the client
+            # may retry; a failure later cuts the stream short (the client's read fails), never ends it early.
+            first = await results.page_results(rt.js, job_id, cursor, limit, bad_result)
 
             async def lines() -> AsyncIterator[bytes]:
-                async for t in results.iter_results(rt.js, job_id, on_bad=bad_result):
-                    yield to_json(t) + b"\n"
+                items, after, end = first
+                while True:
+                    for _, t in items:
+                        yield to_json(t) + b"\n"
+                    if end:
+                        return
+                    items, after, end = await results.page_results(rt.js, job_id, after, limit, bad_result)
 
             return StreamingResponse(lines(), media_type="application/x-ndjson")
         skipped: list[int] = []

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -50,38 +51,71 @@ class Role:
 def add_standby(app: FastAPI, role: Role) -> None:
     """Forward every request to the active scheduler while ``role`` is not active. Added last, so that it runs
     first: the active scheduler authenticates and limits what is forwarded, as it does what comes to it."""
-    client = role.client
+    app.add_middleware(Standby, role=role)
 
-    @app.middleware("http")
-    async def forward(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if role.active:
-            return await call_next(request)
+
+class Standby:
+    """The forwarding, as a pure ASGI middleware (see ``api.Authenticate`` for why not Starlette's)."""
+
+    def __init__(self, app: ASGIApp, role: Role) -> None:
+        self.app, self.role = app, role
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        role = self.role
+        if scope["type"] != "http" or role.active:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
         body = await request.body()
+        replay = _replayed(body, receive)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         # Held through a start or a takeover (no scheduler active yet, or the dead one's lease not yet lapsed)
         # rather than refused at once; 503 only past the hold.
         deadline = time.monotonic() + role.hold_s
         while True:
             if role.active:
-                return await call_next(request)
+                await self.app(scope, replay, send)
+                return
             leader = await role.leader()
             if leader is not None:
                 url = httpx.URL(leader.rstrip("/") + request.url.path, query=request.url.query.encode())
                 try:
-                    upstream = await client.send(
-                        client.build_request(request.method, url, headers=headers, content=body), stream=True
+                    upstream = await role.client.send(
+                        role.client.build_request(request.method, url, headers=headers, content=body),
+                        stream=True,
                     )
-                    return _relay(upstream)
                 except httpx.ConnectError as e:
                     log.info("active scheduler at %s unreachable (%s); waiting for a takeover", leader, e)
                 except httpx.HTTPError as e:
                     log.warning(
                         "could not forward %s %s to %s: %s", request.method, request.url.path, leader, e
                     )
-                    return _unavailable(f"the active scheduler at {leader} did not answer: {e}")
+                    await _unavailable(f"the active scheduler at {leader} did not answer: {e}")(
+                        scope, replay, send
+                    )
+                    return
+                else:
+                    # Past this point the answer has begun: a body cut short upstream cuts this one short too.
+                    await _relay(upstream)(scope, replay, send)
+                    return
             if time.monotonic() >= deadline:
-                return _unavailable("no scheduler is active (a standby is taking over)")
+                await _unavailable("no scheduler is active (a standby is taking over)")(scope, replay, send)
+                return
             await asyncio.sleep(0.1)
+
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body already read handed out again, once, as the app that runs next reads it."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
 
 
 def _relay(upstream: httpx.Response) -> StreamingResponse:

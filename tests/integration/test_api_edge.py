@@ -216,3 +216,12 @@ async def test_openapi_document_resolves_and_names_every_answer(services: Servic
     assert "503" in doc["paths"]["/healthz"]["get"]["responses"]
     stream = doc["paths"]["/v1/streams"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert stream == {"$ref": "#/components/schemas/StreamSpec"}
+
+
+async def test_a_method_the_path_lacks_names_every_method_it_has(services: Services, tmp_path: Path) -> None:
+    api = await _up(services, tmp_path)
+    async with httpx.AsyncClient(base_url=api, headers=AUTH) as http:
+        r = await http.put("/v1/jobs")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, POST", r.headers
+        r = await http.post("/v1/jobs/x")
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET", r.headers

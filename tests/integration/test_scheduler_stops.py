@@ -1,0 +1,147 @@
+"""A scheduler that can no longer act stops answering, rather than answer from what it last knew; and a result
+read that fails partway fails the reader, rather than end as if the job had no more results.
+
+Both were one CI failure of the HA test: the active scheduler lost its lease in a NATS election, its loops and
+its API lived on with the bus connection closed (answering a job's state frozen at 11 of 12 and a result
+stream of nothing, both as 200s), and its supervisor never restarted it because it never exited."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import nats
+import pytest
+from nats.errors import ConnectionClosedError
+from nats.js.errors import ServiceUnavailableError
+
+from loom import bus, results
+from loom.lease import Holder, lease_bucket
+from loom.protocol import Step, Trajectory
+from loom_cli.client import LoomClient
+from loom_cli.deploy import free_port
+from services.scheduler.__main__ import Scheduler
+from services.scheduler.settings import SchedulerSettings
+from tests.conftest import API_TOKEN, AUTH, Services, need_shared
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = {"dataset": {"name": "swe-replay", "limit": 2}, "group_size": 2}
+
+
+async def _answers(api: str, within_s: float = 30) -> None:
+    async with httpx.AsyncClient(headers=AUTH) as http:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get(f"{api}/v1/jobs")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the scheduler at {api} did not answer")
+
+
+async def test_a_scheduler_that_loses_its_lease_closes_its_api_and_exits(
+    nats_url: str, tmp_path: Path
+) -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    port = free_port()
+    env = {
+        **os.environ,
+        "LOOM_NATS_URL": nats_url,
+        "LOOM_SCHEDULER_PORT": str(port),
+        "LOOM_API_TOKEN": API_TOKEN,
+        "LOOM_LEASE_TTL_S": "2",
+        "PYTHONPATH": str(REPO),
+    }
+    log = (tmp_path / "scheduler.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.scheduler", cwd=REPO, env=env, stdout=log, stderr=log
+    )
+    try:
+        api = f"http://127.0.0.1:{port}"
+        await _answers(api)
+        async with httpx.AsyncClient(headers=AUTH, timeout=10) as http:
+            # A rollout stream, so that its result reader runs too: it kept the old process alive.
+            made = await http.post(f"{api}/v1/streams", json={**JOB, "buffer_groups": 1})
+            assert made.status_code == 201, made.text
+        # Another instance takes the lease, as one does after an election outlasts the lease's ttl.
+        kv = await lease_bucket(js)
+        await kv.delete("scheduler")
+        other = Holder("other", "http://127.0.0.1:1", "n", time.time())
+        await kv.create("scheduler", msgspec.json.encode(other))
+        lost = time.monotonic()
+        code = await asyncio.wait_for(proc.wait(), 20)
+        assert code == 3, code
+        assert time.monotonic() - lost < 12
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        log.close()
+        await nc.close()
+    assert b"stops: lease scheduler was taken by other" in (tmp_path / "scheduler.log").read_bytes()
+
+
+def _traj(job: str, i: int) -> Trajectory:
+    return Trajectory(
+        job, f"t{i}", "task", i, 0, "replay", "completed", "done", [Step(0, 100, 10)], 0.0, 1.0, reward=1.0
+    )  # type: ignore[arg-type]
+
+
+async def test_a_result_read_that_fails_partway_fails_the_reader(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    settings = SchedulerSettings(port=free_port(), api_token=API_TOKEN, instance="s")
+    rt = await services.start("s", "scheduler", settings, lambda rt: Scheduler(rt, settings))
+    api = f"http://127.0.0.1:{settings.port}"
+    await _answers(api)
+    async with httpx.AsyncClient(headers=AUTH, timeout=10) as http:
+        made = await http.post(f"{api}/v1/jobs", json=JOB)
+        assert made.status_code == 201, made.text
+        job = made.json()["id"]
+        for i in range(3):
+            await results.publish_result(rt.js, _traj(job, i))
+
+        real = results.page_results
+        calls, fail = 0, {2: ConnectionClosedError(), 3: ConnectionClosedError()}
+
+        async def failing(*a: object, **k: object) -> object:
+            nonlocal calls
+            calls += 1
+            if calls in fail:
+                raise fail[calls]
+            return await real(*a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(results, "page_results", failing)
+        # NDJSON, a page of one at a time: the first line arrives, then the read fails (not a clean end).
+        lines: list[str] = []
+        with pytest.raises(httpx.RemoteProtocolError):
+            params = {"format": "ndjson", "limit": 1}
+            async with http.stream("GET", f"{api}/v1/jobs/{job}/trajectories", params=params) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    lines.append(line)
+        assert lines == [lines[0]] and '"t0"' in lines[0]
+
+    # The CLI's client reads whole pages from the cursor, asking again through an election (a 503): its
+    # second page's first ask finds no leader, and it still reads all three, once each.
+    calls, fail = 0, {2: ServiceUnavailableError(code=503, description="no leader")}
+    client = LoomClient(api, API_TOKEN)
+    try:
+        got = await asyncio.to_thread(
+            lambda: [json.loads(x)["traj_id"] for x in client.trajectories(job, page=2)]
+        )
+    finally:
+        client.close()
+    assert got == ["t0", "t1", "t2"] and calls == 3
