@@ -17,7 +17,7 @@ import time
 
 from rich.console import Console
 
-from services.predictor.settings import default_model_path
+from loom.predict import default_model_path
 
 QUICK_MINUTES = 1.0
 DEFAULT_MINUTES = QUICK_MINUTES

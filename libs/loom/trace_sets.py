@@ -16,10 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from loom.envs import hotpotqa
 from loom.settings import default_shared_dir
 from loom.tokenizer import count_tokens
-from loom.traces import Trace, TraceStep, load_traces, open_text, prompt_of
+from loom.traces import HOTPOTQA_LOGS, Trace, TraceStep, load_traces, open_text, prompt_of
 
 SETS = ("coding", "search", "tool_use")
 TAU_TRACES = "data/traces/tau-bench-airline-gpt4o.json.gz"
@@ -60,7 +59,7 @@ def parse_runs(text: str) -> list[tuple[str, list[tuple[str, str]], bool]]:
 def search_traces(path: str | Path | None = None) -> tuple[Trace, ...]:
     """Every ReAct run as a trace, ``q{n}#{trial}``: each "Thought k / Action k" is one call, its context the
     question and everything before it in the log (the few-shot prompt is not in the logs: not counted)."""
-    p = Path(path) if path else hotpotqa.DEFAULT_PATH
+    p = Path(path) if path else HOTPOTQA_LOGS
     with open_text(p) as f:
         runs = parse_runs(f.read())
     by_question: dict[str, list[tuple[list[tuple[str, str]], bool]]] = defaultdict(list)

@@ -48,6 +48,11 @@ def default_swe_path() -> Path:
     return default_shared_dir() / SWE_TRACES
 
 
+# Reflexion's ReAct logs of HotpotQA: the search traces (loom.trace_sets) and the search environment's questions
+# and corpus (loom.envs.hotpotqa) both read them.
+HOTPOTQA_LOGS = default_shared_dir() / "data" / "traces" / "hotpotqa-react-100q-5trials.txt.gz"
+
+
 def open_text(path: Path) -> TextIO:
     """A data file as UTF-8 text, gzip-compressed (``.gz``) or not."""
     if path.suffix == ".gz":

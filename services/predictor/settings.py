@@ -1,18 +1,13 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from loom.predict import default_model_path
 from loom.settings import LoomSettings
-
-
-def default_model_path() -> Path:
-    """Where ``loom predictor train`` puts the model the service loads by default."""
-    return Path(os.environ.get("LOOM_HOME", ".loom")) / "predictor" / "model.onnx"
 
 
 class PredictorSettings(LoomSettings):

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from loom.settings import default_shared_dir
-from loom.traces import open_text
+from loom.traces import HOTPOTQA_LOGS, open_text
 
-DEFAULT_PATH = default_shared_dir() / "data" / "traces" / "hotpotqa-react-100q-5trials.txt.gz"
+DEFAULT_PATH = HOTPOTQA_LOGS
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
 _ACTION = re.compile(r"^(\w+)\[(.*)\]$")
 
