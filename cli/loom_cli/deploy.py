@@ -16,6 +16,7 @@ from loom import nats_auth
 from loom.auth import AuthConfigError, Tokens, home_token
 from loom.envs.adapters import gem
 from loom.healthcheck import gather
+from loom.lifecycle import free_port
 from loom.natsserver import NatsCluster, NatsServer
 from loom.protocol import Health, subjects
 from loom.supervisor import ProcSpec, Supervisor
@@ -41,12 +42,6 @@ def api_token(home: Path, create: bool = False) -> str:
     if not token:
         raise SystemExit(f"no API token: set LOOM_API_TOKEN or start Loom with `loom up` ({home} has none)")
     return token
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -61,3 +62,10 @@ def stop_if_terminated() -> None:
 def sigterm_as_interrupt() -> None:
     """Handle SIGTERM in this process as SIGINT (Ctrl-C). Call it once, in the main thread, at start."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now, for a child to listen on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loom.bench.harness.bounds import critical_path, lower_bound, throughput_bound, undraftable, work
+from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.rollout import run_rollout
 from loom.engine.sim_core import Speculation
-from loom.harness.bounds import critical_path, lower_bound, throughput_bound, undraftable, work
-from loom.harness.cluster import Cluster
-from loom.harness.rollout import run_rollout
 from loom.protocol import PRESETS
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loom_cli.bench.fleet import max_gpus
+from loom.bench.fleet import max_gpus
 
 RATES = {"search": {"peak_calls_per_gpu_s": 55.4, "calls_per_gpu_s": 19.1}}
 

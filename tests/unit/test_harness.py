@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom.harness.bounds import critical_path, lower_bound, throughput_bound
-from loom.harness.cluster import Cluster, allocate
-from loom.harness.envs import Faults, redundancy_speedup, with_latency
-from loom.harness.rollout import RolloutResult, run_rollout
+from loom.bench.harness.bounds import critical_path, lower_bound, throughput_bound
+from loom.bench.harness.cluster import Cluster, allocate
+from loom.bench.harness.envs import Faults, redundancy_speedup, with_latency
+from loom.bench.harness.rollout import RolloutResult, run_rollout
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import coding
 from loom.workloads.base import Workload, WorkStep, WorkTraj

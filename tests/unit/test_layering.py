@@ -66,7 +66,7 @@ LAYERS: dict[str, int] = {
         3,
     ),
     "loom.integrations": 4,
-    "loom.harness": 5,
+    "loom.bench": 5,
     "services": 6,
     **{f"services.{s}": 6 for s in ("scheduler", "router", "rollout", "predictor", "envmgr", "reward")},
     "loom_cli": 7,

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loom.harness import learned
-from loom.harness.cluster import Cluster
-from loom.harness.rollout import run_rollout
+from loom.bench.harness import learned
+from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
 from loom.trace_sets import trace_set
 from loom.traces import prompt_of

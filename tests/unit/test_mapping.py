@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.harness.mapping import choose_affinity
+from loom.bench.harness.mapping import choose_affinity
 from loom.workloads.base import WorkStep, WorkTraj
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.engine.calibration import (
+from loom.bench.engine_calibration import (
     MEASURED,
     MEASURED_MODELS,
     POINTS,

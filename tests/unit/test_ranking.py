@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom.predict.ranking import kendall_tau_b, ranking_report, scores, within_batches
+from loom.bench.predictor_ranking import kendall_tau_b, ranking_report, scores, within_batches
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loom.bench.workloads import profile, swe_lengths
 from loom.policies.partition import WorkerProfile, presorted_dp, realised_makespans
 from loom.policies.resources import ResourceProblem, anneal, count_states, exhaustive, fixed
-from loom_cli.bench.workloads import profile, swe_lengths
 
 
 def _profiles(comm: float, contention: float) -> dict[int, WorkerProfile]:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from loom.harness.cosched import Arrival, execute_group, simulate
+from loom.bench.harness.cosched import Arrival, execute_group, simulate
+from loom.bench.rollmux_optimum import optimal_cost
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.group import Group
 from loom.policies.rollmux.intergroup import (
@@ -22,7 +23,6 @@ from loom.policies.rollmux.intergroup import (
     placements,
 )
 from loom.policies.rollmux.job import RLJob, sample_job
-from loom.policies.rollmux.optimal import optimal_cost
 from loom.policies.rollmux.roundrobin import (
     ROLLOUT,
     TRAIN,

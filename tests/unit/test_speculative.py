@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loom.bench import acceptance
+from loom.bench import speculative as bench
+from loom.bench.acceptance import Case, Sample, Turn, replay
 from loom.engine.hf_spec import StepCost, paying_width
-from loom.speculative import acceptance
-from loom.speculative.acceptance import Case, Sample, Turn, replay
 from loom.speculative.drafter import THRESHOLD, Draft, Drafter, SuffixIndex, draft_length, expected_kept
-from loom_cli.bench import speculative as bench
 
 PROPS = settings(max_examples=150, deadline=None)
 tokens = st.lists(st.integers(0, 3), max_size=12)

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
+from loom.bench.harness.training import Mode, Pool, local_load_s, run_training
 from loom.engine.train_perf import TrainStage
-from loom.harness.training import Mode, Pool, local_load_s, run_training
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 MODEL = "qwen3-8b"

@@ -117,7 +117,7 @@ def test_output_cap_truncates_the_last_call() -> None:
 
 def test_the_mix_interleaves_tagged_groups_of_every_task_within_32k() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
-    from loom.workloads.mix import mixed
+    from loom.bench.workload_mix import mixed
 
     w = mixed(prompts=6, group_size=8)
     tasks = [t.task for t in w.trajectories]

@@ -3,7 +3,7 @@
 An iteration's time is a fixed overhead, plus the larger of its compute time and its memory time (each at
 an achieved fraction of the datasheet peak) and the exposed part of the smaller one, plus the tensor-parallel
 all-reduces. The efficiencies live in one table keyed by GPU so that calibration against measured points
-(``loom.engine.calibration``) replaces numbers, not code.
+(``loom.bench.engine_calibration``) replaces numbers, not code.
 
 Per-token time and the interference factor are Heddle's T and alpha (its F of a group): the time between two
 tokens of one sequence decoding in a batch, and that time over the batch-1 time.
@@ -143,7 +143,7 @@ class Efficiency:
     allreduce_latency_s: float = 10e-6
 
 
-# Fitted by ``loom.engine.calibration.fit`` (least squares of relative error, rounded; a test checks that a
+# Fitted by ``loom.bench.engine_calibration.fit`` (least squares of relative error, rounded; a test checks that a
 # refit agrees). Default: compute, memory and exposed from Vidur's H100 profile of Llama-2-7B. H20: memory and
 # overhead from Qwen's SGLang decode speeds at batch 1 (Qwen3-8B 81.7, 14B 47.1, 32B 20.7 tok/s); its few SMs
 # keep small-batch GEMVs far from peak bandwidth. Overhead, link efficiency and all-reduce latency of the

@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import bus
+from loom.bench.registry import Benchmark
 from loom.envs import tasksets
 from loom.natsserver import NatsServer
 from loom.protocol import (
@@ -53,7 +54,6 @@ from loom.protocol import (
 from loom.sandbox import SandboxUnavailable
 from loom.sandbox.engine import ensure_engine
 from loom.sandbox.images import DEFAULT_IMAGE, build
-from loom_cli.bench.registry import Benchmark
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = ("math", "code", "math-train")

@@ -16,16 +16,16 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from loom.harness.cluster import Cluster
-from loom.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, Learned, cross_fitted
-from loom.harness.rollout import PREDICTORS, run_rollout
+from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, Learned, cross_fitted
+from loom.bench.harness.rollout import PREDICTORS, run_rollout
+from loom.bench.registry import Benchmark
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import WORKLOADS, Workload
 from loom.workloads.coding import SIBLINGS
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
-from loom_cli.bench.registry import Benchmark
 
 BASELINES = ("verl", "verl_star", "slime")
 GROUP = {"coding": 16, "search": 5, "tool_use": 4}

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loom.bench.harness.training import Mode, Pool, run_training
+from loom.bench.workload_mix import mixed
 from loom.engine.train_perf import TrainStage
-from loom.harness.training import Mode, Pool, run_training
 from loom.workloads.base import Workload
-from loom.workloads.mix import mixed
 
 # RollArt §7.1: rollout tensor parallelism per model.
 TP = {"qwen3-8b": 1, "qwen3-14b": 2, "qwen3-32b": 4}

@@ -1,6 +1,6 @@
 """Latency of the exported regressor under ONNX Runtime, in a process of its own as the service runs it.
 
-``python -m loom.predict.latency MODEL WINDOWS.npy REPEATS`` prints one JSON object: p50 and p99 in ms of a
+``python -m loom.bench.predictor_latency MODEL WINDOWS.npy REPEATS`` prints one JSON object: p50 and p99 in ms of a
 batch of 1 and of all the windows. A process that has trained with torch keeps torch's worker threads
 spinning on the same cores, which is not what the service sees, hence the separate process.
 """

@@ -17,11 +17,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.registry import Benchmark
 from loom.sandbox import Limits, SandboxError
 from loom.sandbox.engine import choose_backend
 from loom.sandbox.images import DEFAULT_IMAGE, build
 from loom.sandbox.pool import Backend, SandboxPool
-from loom_cli.bench.registry import Benchmark
 
 LIMITS = Limits(cpus=1.0, memory_mb=256, pids=64, timeout_s=30.0)
 WORK = "s = 0\nfor i in range(20000):\n    s += i * i\nprint(s)"

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 
 import matplotlib.pyplot as plt
 
-from loom.harness.cosched import Outcome
+from loom.bench.harness.cosched import Outcome
 
 # (lane, job, phase, start s, end s): a lane is "train" or "rollout node N"
 GanttRow = tuple[str, str, str, float, float]

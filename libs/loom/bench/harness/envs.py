@@ -16,8 +16,8 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from loom.harness.cluster import Cluster
-from loom.harness.rollout import run_rollout
+from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.rollout import run_rollout
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 

@@ -1,5 +1,5 @@
 """``loom bench speculative``: how many drafted tokens a model accepts per verification step, measured on the
-recorded traces (``loom.speculative.acceptance``), per workload, draft source and draft length.
+recorded traces (``loom.bench.acceptance``), per workload, draft source and draft length.
 
 Sources: the trajectory's own context (what vLLM's and SGLang's n-gram proposers draft from, the baseline
 every ratio divides by), its group's siblings so far (Seer), the same task's earlier epoch (RhymeRL), a
@@ -15,9 +15,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loom.speculative.acceptance import SOURCES, measure, workload_cases
+from loom.bench.acceptance import SOURCES, measure, workload_cases
+from loom.bench.registry import Benchmark
 from loom.trace_sets import SETS
-from loom_cli.bench.registry import Benchmark
 
 ALL = "all"
 FIXED = (2, 4, 8)

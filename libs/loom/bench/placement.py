@@ -17,9 +17,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.registry import Benchmark
+from loom.bench.workloads import profile, swe_lengths
 from loom.policies.partition import Partition, WorkerProfile, presorted_dp
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.workloads import profile, swe_lengths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loom.harness.cosched import MODELS, decision_latency, execute_group, make_arrivals, simulate
+from loom.bench.harness.cosched import MODELS, decision_latency, execute_group, make_arrivals, simulate
+from loom.bench.registry import Benchmark
+from loom.bench.rollmux_optimum import optimal_cost
+from loom.bench.rollmux_plots import GanttRow, cost_and_gpus, gantt
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.intergroup import (
     CoScheduler,
@@ -31,10 +34,7 @@ from loom.policies.rollmux.intergroup import (
     SoloDisaggregation,
 )
 from loom.policies.rollmux.job import WORKLOADS, sample_job
-from loom.policies.rollmux.optimal import optimal_cost
 from loom.policies.rollmux.roundrobin import TRAIN_POOL
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.rollmux_plots import GanttRow, cost_and_gpus, gantt
 
 PAPER = {"saving_vs_solo": 1.84, "cost_over_optimal": 1.06, "decision_ms_2000": 591.0}
 

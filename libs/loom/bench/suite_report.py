@@ -207,7 +207,7 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "",
         "LB is the larger of the longest trajectory's critical path (batch 1, best degree, no queueing) and all "
         "the work (decodes reading their context, observations prefilled) in as few iterations as the batch "
-        "limit and KV cache allow on the best degree; `loom.harness.bounds` says why no schedule beats it.",
+        "limit and KV cache allow on the best degree; `loom.bench.harness.bounds` says why no schedule beats it.",
         "",
         "Formula 1 for the trajectory that finished last under Loom (queueing, base per-token time x tokens, "
         f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}.",

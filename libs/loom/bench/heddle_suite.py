@@ -11,7 +11,7 @@
 
 Ablations run Qwen3-14B, as the paper's do. The batch is the paper's: 100 trajectories per baseline
 worker (6,400 for 8B and 14B, 3,200 for 32B), or as many as the traces hold (search 1,600, tool use 640).
-Every Loom cell runs Loom's learned predictor, cross-fitted by prompt (``loom.harness.learned``), with Loom on
+Every Loom cell runs Loom's learned predictor, cross-fitted by prompt (``loom.bench.harness.learned``), with Loom on
 exact lengths beside it in the overall cells (an idealisation); the prediction ablation gives the share of
 the oracle's gain over no prediction that the learned model keeps. Every cell is one rollout of the
 workload from the recorded traces (GRPO groups of 16; coding's samples vary the recorded run).
@@ -33,18 +33,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.acceptance import SOURCES, measure, workload_cases
+from loom.bench.harness.bounds import critical_path, undraftable
+from loom.bench.harness.cluster import BASELINE_MP, Cluster
+from loom.bench.harness.learned import Learned, cross_fitted
+from loom.bench.harness.rollout import run_rollout
+from loom.bench.registry import Benchmark
+from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
+from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
+from loom.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
 from loom.engine.sim_core import Speculation
-from loom.harness.bounds import critical_path, undraftable
-from loom.harness.cluster import BASELINE_MP, Cluster
-from loom.harness.learned import Learned, cross_fitted
-from loom.harness.rollout import run_rollout
 from loom.protocol import PolicySpec
-from loom.speculative.acceptance import SOURCES, measure, workload_cases
 from loom.workloads import WORKLOADS
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
-from loom_cli.bench.speculative import PROMPTS as SPEC_PROMPTS
-from loom_cli.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(out, indent=1))
     if not args.no_plots:
-        from loom_cli.bench.suite_report import write_report
+        from loom.bench.suite_report import write_report
 
         out["report"] = str(write_report(out_dir, out, {c: results[c] for c in drawn}, layout))
     _print(out)
@@ -448,7 +448,7 @@ def _speculative(
                 "gain": {s: round(tok[s] / plain[s]["throughput_tok_s"], 3) for s in tok},
                 "vs_best_baseline": round(tok["heddle"] / best, 3),
                 # The most drafting at these rates could buy Loom under any schedule: its plain makespan over the
-                # longest trajectory alone on a drafting engine (loom.harness.bounds.critical_path); and at any
+                # longest trajectory alone on a drafting engine (loom.bench.harness.bounds.critical_path); and at any
                 # rates, over its prefills and tool time, which drafting cannot shorten (bounds.undraftable).
                 "gain_ceiling": round(
                     plain["heddle"]["makespan_s"] / results[by_system["heddle"]]["drafting_critical_path_s"],
@@ -457,7 +457,7 @@ def _speculative(
                 "gain_ceiling_any_drafting": round(
                     plain["heddle"]["makespan_s"] / results[by_system["heddle"]]["undraftable_s"], 3
                 ),
-                # No makespan/LB here: the lower bound (loom.harness.bounds) prices plain decoding, and a
+                # No makespan/LB here: the lower bound (loom.bench.harness.bounds) prices plain decoding, and a
                 # drafting engine's decode beats it.
             }
     gains = {w: {m: c["gain"]["heddle"] for m, c in by_m.items()} for w, by_m in cells.items()}

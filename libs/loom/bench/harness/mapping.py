@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from loom.bench.harness.bounds import Alone
 from loom.engine.perf import PerfModel
-from loom.harness.bounds import Alone
 from loom.workloads.base import WorkTraj
 
 # RollArt Table 2, relative price per GPU.

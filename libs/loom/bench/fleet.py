@@ -33,7 +33,7 @@ What it reports (the cluster's figures at the top level when it ran, each run's 
   the fleet alone fills a core (``max_gpus_idle_only``). One router core carries ``router_calls_per_core_s``
   calls (1 over its CPU seconds per call over the job, everything it did meanwhile charged to the calls),
   and one GPU issues ``r`` calls per second: each Heddle workload on 8 H100 (Qwen3-14B, Heddle's policy) on
-  the calibrated engine in virtual time (``loom.harness``), its calls in the busiest tenth of its makespan
+  the calibrated engine in virtual time (``loom.bench.harness``), its calls in the busiest tenth of its makespan
   (``call_rates``). A workload's limit is the lesser of calls-per-core / ``r`` and the idle-only fleet;
   ``max_gpus_served`` is that of the most call-intensive workload.
 """
@@ -62,7 +62,9 @@ from rich.table import Table
 
 from loom import bus, nats_auth
 from loom.auth import header, new_token
+from loom.bench.registry import Benchmark
 from loom.healthcheck import gather
+from loom.lifecycle import free_port
 from loom.natsserver import NatsCluster, NatsServer
 from loom.protocol import (
     PRESETS,
@@ -77,8 +79,6 @@ from loom.protocol import (
 )
 from loom.supervisor import ProcSpec, Supervisor
 from loom.traces import load_traces
-from loom_cli.bench.registry import Benchmark
-from loom_cli.deploy import free_port
 
 SERVICES = ("scheduler", "router", "predictor", "envmgr", "reward")
 # Every process a figure is kept for: the services, the worker fleet's processes and the nats-servers.
@@ -642,9 +642,9 @@ def _steady_rate(series: list[tuple[float, float]], base: float) -> float:
 def call_rates(quick: bool) -> dict[str, dict[str, float]]:
     """Calls per second one H100 issues in each Heddle workload: the workload on 8 H100 (Qwen3-14B, Heddle's
     policy, exact lengths) in virtual time; over its whole makespan and over its busiest tenth."""
-    from loom.harness.cluster import Cluster
-    from loom.harness.rollout import run_rollout
-    from loom_cli.bench.rollout import GROUP, TOOL_S, load_workload
+    from loom.bench.harness.cluster import Cluster
+    from loom.bench.harness.rollout import run_rollout
+    from loom.bench.rollout import GROUP, TOOL_S, load_workload
 
     gpus = 8
     out: dict[str, dict[str, float]] = {}

@@ -18,11 +18,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loom.harness.cluster import Cluster
-from loom.harness.envs import Faults, interaction_speedup, redundancy_speedup, with_latency
+from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.envs import Faults, interaction_speedup, redundancy_speedup, with_latency
+from loom.bench.registry import Benchmark
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
-from loom_cli.bench.registry import Benchmark
 
 PAPER_SPEEDUP_SIGMA10 = 2.27
 

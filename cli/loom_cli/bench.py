@@ -10,47 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from loom_cli.bench import (
-    affinity,
-    async_train,
-    engine,
-    envs,
-    fleet,
-    heddle_suite,
-    placement,
-    predictor,
-    resources,
-    reward,
-    rollmux,
-    rollout,
-    sandbox,
-    speculative,
-)
-from loom_cli.bench.registry import Benchmark
-
-BENCHMARKS: tuple[Benchmark, ...] = (
-    affinity.BENCHMARK,
-    async_train.BENCHMARK,
-    engine.BENCHMARK,
-    envs.BENCHMARK,
-    fleet.BENCHMARK,
-    heddle_suite.BENCHMARK,
-    placement.BENCHMARK,
-    predictor.BENCHMARK,
-    resources.BENCHMARK,
-    rollout.BENCHMARK,
-    sandbox.BENCHMARK,
-    reward.BENCHMARK,
-    rollmux.BENCHMARK,
-    speculative.BENCHMARK,
-)
+from loom.bench import benchmarks
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench`` and one sub-command per benchmark; dispatch the parsed arguments with ``run``."""
     bench = subparsers.add_parser("bench", help="run a benchmark", description=__doc__)
     names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
-    for b in BENCHMARKS:
+    for b in benchmarks():
         p = names.add_parser(b.name, help=b.help, description=b.help)
         b.add_arguments(p)
         p.add_argument("--json", action="store_true", help="print one JSON object as the last line")

@@ -13,7 +13,7 @@ Each figure comes with a 95% bootstrap interval over the test trajectories, and 
 compared with each of the others on the same resamples (``step2_against``): with a few dozen test
 trajectories the top 10% is a handful, and a recall moves in steps of one trajectory.
 
-Ranking within batches (``loom.predict.ranking``): on each of the three trace sets (coding, search, tool use)
+Ranking within batches (``loom.bench.predictor_ranking``): on each of the three trace sets (coding, search, tool use)
 as the rollout benchmarks replay them, Kendall's tau-b within batches at steps 0, 1, 2 and 5 for Loom's
 learned model (cross-fitted by prompt, as ``loom bench rollout`` runs it), the model refined by finished
 siblings as the service serves it, and the free heuristics (a group's first finished sibling, the prompt's
@@ -39,9 +39,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.predictor_ranking import METHODS as RANK_METHODS
+from loom.bench.registry import Benchmark
 from loom.predict import evaluate
-from loom.predict.ranking import METHODS as RANK_METHODS
-from loom_cli.bench.registry import Benchmark
 
 # Steps 0 to 2 as in Heddle's Figure 13 (and the acceptance line); the later ones, over the trajectories that
 # reach them, show how far along the context starts to tell the long tail apart.
@@ -161,11 +161,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ranking(quick: bool, seed: int, console: Console) -> dict[str, Any]:
-    """Kendall's tau-b within batches per trace set, step and method (``loom.predict.ranking``)."""
-    from loom.harness.learned import cross_fitted
-    from loom.predict.ranking import STEPS as RANK_STEPS
-    from loom.predict.ranking import ranking_report
-    from loom_cli.bench.rollout import GROUP, learned_budget, load_workload
+    """Kendall's tau-b within batches per trace set, step and method (``loom.bench.predictor_ranking``)."""
+    from loom.bench.harness.learned import cross_fitted
+    from loom.bench.predictor_ranking import STEPS as RANK_STEPS
+    from loom.bench.predictor_ranking import ranking_report
+    from loom.bench.rollout import GROUP, learned_budget, load_workload
 
     out: dict[str, Any] = {}
     for name, prompts in (QUICK_RANK_PROMPTS if quick else RANK_PROMPTS).items():
@@ -229,7 +229,7 @@ def _latency(
     windows = np.stack([full[i % len(full)] for i in range(32)])
     path = model_path.parent / "latency-windows.npy"
     np.save(path, windows)
-    cmd = [sys.executable, "-m", "loom.predict.latency", str(model_path), str(path), str(repeats)]
+    cmd = [sys.executable, "-m", "loom.bench.predictor_latency", str(model_path), str(path), str(repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     # Tokenising happens per request as it arrives, before batching: what one step-2 context costs.

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from loom.bench.harness.bounds import lower_bound_terms
+from loom.bench.harness.cluster import Cluster, allocate, tool_time
+from loom.bench.harness.learned import Learned, cross_fitted
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.perf import PerfModel
 from loom.engine.sim_core import HICACHE_RATIO, Speculation, build_core
 from loom.engine.virtual import VirtualSim
-from loom.harness.bounds import lower_bound_terms
-from loom.harness.cluster import Cluster, allocate, tool_time
-from loom.harness.learned import Learned, cross_fitted
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
 from loom.policies.partition import coarsen, presorted_dp
@@ -36,7 +36,7 @@ from loom.predict.history import HistoryPredictor
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkTraj
 
-# Loom's learned model (cross-fitted, ``loom.harness.learned``) first; the rest are ablations.
+# Loom's learned model (cross-fitted, ``loom.bench.harness.learned``) first; the rest are ablations.
 PREDICTORS = ("learned", "oracle", "history", "none")
 # The tail is what follows the moment this share of the trajectories has finished.
 TAIL_QUANTILE = 0.9
@@ -50,7 +50,7 @@ class _Predictor:
         if kind not in PREDICTORS:
             raise ValueError(f"unknown predictor {kind!r}; one of {PREDICTORS}")
         if kind == "learned" and learned is None:
-            raise ValueError("the learned predictor needs its predictions (loom.harness.learned)")
+            raise ValueError("the learned predictor needs its predictions (loom.bench.harness.learned)")
         self.kind = kind
         self.learned = learned.totals if learned else {}
         # How far apart two estimates at admission must be to mean anything (0: exact, or all alike).
@@ -211,7 +211,7 @@ def run_rollout(
     (trajectory level), or every turn waits for the whole batch to generate and then for every
     environment call to return (batch level, the synchronous agent loop RollArt compares against).
     ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart.
-    ``learned``: the learned predictor's predictions (``loom.harness.learned.cross_fitted``), computed here
+    ``learned``: the learned predictor's predictions (``loom.bench.harness.learned.cross_fitted``), computed here
     when it is chosen and none are given. ``speculation``: every engine drafts, at these measured rates."""
     if interaction not in INTERACTIONS:
         raise ValueError(f"unknown interaction {interaction!r}; one of {INTERACTIONS}")

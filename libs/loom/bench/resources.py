@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.registry import Benchmark
+from loom.bench.workloads import profile, swe_lengths
 from loom.policies.resources import ResourceProblem, anneal, count_states, exhaustive, fixed
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.workloads import profile, swe_lengths
 
 DEGREES = (1, 2, 4, 8)
 

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loom.engine.calibration import (
+from loom.bench.engine_calibration import (
     MEASURED,
     MEASURED_MODELS,
     POINTS,
@@ -26,10 +26,10 @@ from loom.engine.calibration import (
     interference_errors,
     measured_points,
 )
+from loom.bench.registry import Benchmark
+from loom.bench.sim_throughput import run_workload
 from loom.engine.interference import context_bucket, interference_table
 from loom.engine.perf import GPUS, MODELS, PerfModel
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.sim_throughput import run_workload
 
 GENERATED = 2048
 SWEEP_TPS = (1, 2, 4, 8)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("loom bench engine: --speculative measures the real engine; add --real")
     if args.real:
         # Imported here: it brings torch and transformers, which every other loom command starts without.
-        from loom_cli.bench.engine_real import real
+        from loom.bench.engine_real import real
 
         result["real"] = real(args.quick, args.speculative, args.model_path, repeats=args.repeats)
     _print_tables(result)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from loom.engine import perf
 from loom.engine.perf import EFFICIENCY, Efficiency, PerfModel
 
 Quantity = Literal["decode_tok_s", "non_attention_ms"]
@@ -120,8 +121,9 @@ def _minimise(
     return x
 
 
-# Iteration times measured on one GPU of each kind by ``loom.engine.iteration_profile`` (how: measured/README.md).
-MEASURED = {gpu: Path(__file__).parent / "measured" / f"{gpu}_qwen3.json" for gpu in ("h100", "h200")}
+# Iteration times measured on one GPU of each kind by ``loom.bench.iteration_profile`` (how: measured/README.md).
+# The tables live beside the performance model they calibrate.
+MEASURED = {gpu: Path(perf.__file__).parent / "measured" / f"{gpu}_qwen3.json" for gpu in ("h100", "h200")}
 # 0.6B is left out of the fits: its unfused iteration launches ~700 kernels, about 3 ms that the model's
 # own weights (1.2 GB, 0.3 ms of memory time) do not explain; an engine's fused kernels do not pay it.
 MEASURED_MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")

@@ -1,7 +1,7 @@
 """``loom bench async``: RollArt's asynchronous training (§7.2, §7.4) in virtual time, whole training steps.
 
 A multi-task batch (coding, search, tool use in a uniform ratio, 8 samples per prompt, 32K context) trains on
-32 H800 while the rest of the cluster generates (``loom.harness.training``), under three modes of the same
+32 H800 while the rest of the cluster generates (``loom.bench.harness.training``), under three modes of the same
 loop: synchronous (veRL), one-off (StreamRL) and Loom's asynchronous loop with bound alpha = 1..6 in RollArt's
 workflow order (each update reaches the fleet when the trainer takes its next batch; pushing it as soon as it is
 made is the ``async-1-eager`` ablation). Qwen3-8B,
@@ -20,10 +20,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.harness.training import Mode, Pool
+from loom.bench.registry import Benchmark
+from loom.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
 from loom.engine.train_perf import MFU
-from loom.harness.training import Mode, Pool
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
 
 PAPER = {"speedup_vs_sync": 2.05, "speedup_vs_oneoff": 1.35, "best_alpha_over_1": 1.22}
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         and head["speedup_vs_oneoff"] >= PAPER["speedup_vs_oneoff"],
     }
     if not args.no_plots:
-        from loom_cli.bench.async_report import write_report
+        from loom.bench.async_report import write_report
 
         out["report"] = str(write_report(args.out, out))
     out["wall_s"] = round(time.perf_counter() - wall0, 1)

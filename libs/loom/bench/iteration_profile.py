@@ -9,7 +9,7 @@ that kernel launches cost what they cost under SGLang's or vLLM's graphs. What i
 on the slow side: elementwise steps are not fused and attention is torch's SDPA over a contiguous cache, not
 a paged decode kernel. Tensor parallelism needs several GPUs and is not measured.
 
-    PYTHONPATH=libs python3 -m loom.engine.iteration_profile --out FILE
+    PYTHONPATH=libs python3 -m loom.bench.iteration_profile --out FILE
 """
 
 from __future__ import annotations

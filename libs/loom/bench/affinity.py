@@ -22,10 +22,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loom.harness.mapping import choose_affinity
-from loom.harness.training import Mode, Pool
-from loom_cli.bench.registry import Benchmark
-from loom_cli.bench.training_cells import TP, Cell, add_run_arguments, mix_workload, run_cells, run_plan
+from loom.bench.harness.mapping import choose_affinity
+from loom.bench.harness.training import Mode, Pool
+from loom.bench.registry import Benchmark
+from loom.bench.training_cells import TP, Cell, add_run_arguments, mix_workload, run_cells, run_plan
 
 PAPER = {"vs_h20_only": (1.30, 1.68), "vs_h800_only": (1.12, 1.37)}
 AFFINITY = (("coding", "h800"), ("default", "h20"))
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, (pools, aff) in configs(m).items()
         for tag, mode in modes.items()
     ]
-    # Loom's own mapping from the engine model (``loom.harness.mapping``), run as a fourth configuration on
+    # Loom's own mapping from the engine model (``loom.bench.harness.mapping``), run as a fourth configuration on
     # the affinity pools where it differs from RollArt's.
     mix = mix_workload(args.seed).trajectories
     chosen = {m: choose_affinity(mix, m, {"h800": TP[m], "h20": TP[m]}) for m in models}
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_report(directory: Path, out: dict[str, Any]) -> Path:
-    from loom_cli.bench.async_report import terms_plot
+    from loom.bench.async_report import terms_plot
 
     directory.mkdir(parents=True, exist_ok=True)
     plot = terms_plot(directory / "terms.png", out, "Step time and its terms per rollout configuration")
@@ -144,7 +144,7 @@ def write_report(directory: Path, out: dict[str, Any]) -> Path:
         "time, no other load): in the synchronous step the wait cannot fall below it, and the affinity leaves it "
         "where it was whenever that trajectory runs on H800 in both configurations.",
         "",
-        "Loom's own mapping, chosen from the engine model (`loom.harness.mapping`):",
+        "Loom's own mapping, chosen from the engine model (`loom.bench.harness.mapping`):",
         "",
     ]
     for m, c in out["chosen_affinity"].items():
