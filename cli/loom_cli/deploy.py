@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loom import nats_auth
 from loom.auth import AuthConfigError, Tokens, home_token
+from loom.engine import kinds as engine_kinds
 from loom.envs.adapters import gem
 from loom.healthcheck import gather
 from loom.lifecycle import free_port
@@ -24,8 +25,6 @@ from loom.supervisor import ProcSpec, Supervisor
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
-# The setting that names a rollout worker's server, per engine that drives one.
-ENGINE_URL = {"sglang": "LOOM_ROLLOUT_SGLANG_URL", "vllm": "LOOM_ROLLOUT_VLLM_URL"}
 
 
 class DeployError(RuntimeError):
@@ -55,8 +54,8 @@ class DeployConfig:
     gpu: str = "h100"
     tp: int = 1
     log_level: str = "INFO"
-    # Rollout engine kind ("sim", "hf" for real weights on the CPU from ``model_path``, or "sglang"/"vllm"
-    # driving the servers at ``engine_urls``, one per worker).
+    # Rollout engine kind (loom.engine.kinds): one that serves a checkpoint reads ``model_path``, one that drives
+    # servers takes ``engine_urls``, one per worker in turn.
     engine: str = "sim"
     model_path: str | None = None
     engine_urls: list[str] = field(default_factory=list)
@@ -142,8 +141,9 @@ class Deployment:
             }
             if self.cfg.model_path is not None:
                 worker["LOOM_ROLLOUT_MODEL_PATH"] = self.cfg.model_path
-            if self.cfg.engine in ENGINE_URL:
-                worker[ENGINE_URL[self.cfg.engine]] = self.cfg.engine_urls[i % len(self.cfg.engine_urls)]
+            url_setting = engine_kinds.kind(self.cfg.engine).url_setting
+            if url_setting is not None:
+                worker[url_setting] = self.cfg.engine_urls[i % len(self.cfg.engine_urls)]
             specs.append(ProcSpec(f"rollout-w{i}", [*py, "services.rollout"], worker))
         return specs
 
@@ -168,11 +168,15 @@ class Deployment:
             )
         if cfg.schedulers < 1 or cfg.routers < 1:
             raise DeployError("at least one scheduler and one router")
-        if cfg.engine == "hf" and not cfg.model_path:
+        try:
+            engine = engine_kinds.kind(cfg.engine)
+        except ValueError as e:
+            raise DeployError(str(e)) from None
+        if engine.serves_checkpoint and not cfg.model_path:
             raise DeployError(
-                "the hf engine serves real weights: give the checkpoint directory (--model-path)"
+                f"the {cfg.engine} engine serves real weights: give the checkpoint directory (--model-path)"
             )
-        if cfg.engine in ENGINE_URL and not cfg.engine_urls:
+        if engine.url_setting is not None and not cfg.engine_urls:
             raise DeployError(f"the {cfg.engine} engine drives servers: give their URLs (--engine-url)")
         with socket.socket() as probe:
             try:

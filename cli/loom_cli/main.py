@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from loom import lifecycle, logs
+from loom.engine import kinds as engine_kinds
 from loom.envs.adapters import gem
 from loom.natsserver import refusals
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import (
-    ENGINE_URL,
     DeployConfig,
     DeployError,
     Deployment,
@@ -39,7 +39,8 @@ def _api(args: argparse.Namespace) -> LoomClient:
 
 def _engine_urls(engine: str) -> list[str]:
     """The servers a rollout worker of ``engine`` drives, from its setting (comma-separated for several)."""
-    raw = os.environ.get(ENGINE_URL.get(engine, ""), "")
+    setting = engine_kinds.kind(engine).url_setting
+    raw = os.environ.get(setting, "") if setting else ""
     return [u.strip() for u in raw.split(",") if u.strip()]
 
 
@@ -162,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="qwen3-8b")
     up.add_argument(
         "--engine",
-        choices=("sim", "hf", "sglang", "vllm"),
+        choices=tuple(engine_kinds.KINDS),
         default=os.environ.get("LOOM_ROLLOUT_ENGINE", "sim"),
-        help="simulated engines, transformers on the CPU, or SGLang or vLLM servers (--engine-url)",
+        help="; ".join(f"{k.name}: {k.help}" for k in engine_kinds.KINDS.values()),
     )
     up.add_argument(
         "--engine-url",

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from loom.engine import kinds
 from loom.settings import LoomSettings
 
 
@@ -12,7 +13,8 @@ class RolloutSettings(LoomSettings):
     model_config = SettingsConfigDict(env_prefix="LOOM_ROLLOUT_", populate_by_name=True, extra="ignore")
 
     worker_id: str = Field("w0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    engine: Literal["sim", "sglang", "vllm", "hf"] = "sim"
+    # One of loom.engine.kinds.KINDS.
+    engine: str = "sim"
     # Base URL of the SGLang server this worker drives (engine "sglang"), e.g. http://127.0.0.1:30000.
     sglang_url: str | None = None
     # Base URL of the vLLM server this worker drives (engine "vllm"), e.g. http://127.0.0.1:8000.
@@ -41,3 +43,8 @@ class RolloutSettings(LoomSettings):
     telemetry_s: float = 0.5
     # On SIGTERM, how long in-flight requests may run before they are aborted (wall seconds).
     drain_grace_s: float = 10.0
+
+    @field_validator("engine")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return kinds.kind(v).name

@@ -292,20 +292,23 @@ async def test_close_aborts_everything(engine_at) -> None:
 
 
 def test_rollout_service_builds_it(models, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loom.service import Runtime
     from services.rollout.__main__ import make_engine
     from services.rollout.settings import RolloutSettings
 
+    rt = Runtime("rollout", RolloutSettings())
+
     monkeypatch.setenv("LOOM_ROLLOUT_ENGINE", "hf")
     with pytest.raises(ValueError, match="MODEL_PATH"):
-        make_engine(None, RolloutSettings())  # type: ignore[arg-type]
+        make_engine(rt, RolloutSettings())
     monkeypatch.setenv("LOOM_ROLLOUT_MODEL_PATH", str(models["a"][0]))
     monkeypatch.setenv("LOOM_ROLLOUT_WEIGHT_VERSION", "7")
-    engine = make_engine(None, RolloutSettings(max_running=4))  # type: ignore[arg-type]
+    engine = make_engine(rt, RolloutSettings(max_running=4))
     assert isinstance(engine, HFEngine) and engine.weight_version == "7"
     assert (engine.info.kind, engine.info.gpu, engine.info.max_running) == ("hf", "cpu", 4)
     assert engine.drafts is None
     monkeypatch.setenv("LOOM_ROLLOUT_SPECULATIVE", "1")
-    engine = make_engine(None, RolloutSettings())  # type: ignore[arg-type]
+    engine = make_engine(rt, RolloutSettings())
     assert isinstance(engine, HFEngine) and engine.drafts is not None
 
 
