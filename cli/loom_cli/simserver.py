@@ -36,9 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     logs.configure("sim-server", "INFO")
     if args.api == "vllm":
-        from loom.engine.vllm_server import serve
+        from loom.engine.fakes.vllm_server import serve
     else:
-        from loom.engine.sglang_server import serve
+        from loom.engine.fakes.sglang_server import serve
     port = DEFAULT_PORTS[args.api] if args.port is None else args.port
     asyncio.run(serve(args.host, port, args.model, args.gpu, args.tp, args.speed))
     return 0

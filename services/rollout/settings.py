@@ -28,7 +28,7 @@ class RolloutSettings(LoomSettings):
     # Seeds the transformers engine's sampling (with each request's rid).
     seed: int = 0
     # The transformers engine decodes speculatively, losslessly, with suffix-match drafts from each request's
-    # own tokens and every request's output on the engine (loom.engine.hf_spec).
+    # own tokens and every request's output on the engine (loom.engine.clients.hf_spec).
     speculative: bool = False
     model: str = "qwen3-8b"
     gpu: str = "h100"

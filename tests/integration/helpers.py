@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from loom.engine.sim import SimEngine
+from loom.engine.sim.engine import SimEngine
 from loom.service import Runtime
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker

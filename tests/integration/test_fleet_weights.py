@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 
 from loom import policy
 from loom.bus import BusError, request
-from loom.engine.hf import HFEngine
+from loom.engine.clients.hf import HFEngine
 from loom.genclient import GenClient
 from loom.protocol import (
     AbortRequest,

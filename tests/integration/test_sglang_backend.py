@@ -22,9 +22,9 @@ from nats.aio.client import Client as NATS
 from loom.bus import kv_key
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
-from loom.engine.sglang_client import SGLangEngine, SGLangError, WeightUpdateError
-from loom.engine.sglang_server import build_app
-from loom.engine.sim import SimEngine
+from loom.engine.clients.sglang import SGLangEngine, SGLangError, WeightUpdateError
+from loom.engine.fakes.sglang_server import build_app
+from loom.engine.sim.engine import SimEngine
 from loom.genclient import GenClient
 from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
 from loom.service import Runtime

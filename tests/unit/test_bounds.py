@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from loom.bench.harness.bounds import critical_path, lower_bound, throughput_bound, undraftable, work
 from loom.bench.harness.cluster import Cluster
 from loom.bench.harness.rollout import run_rollout
-from loom.engine.sim_core import Speculation
+from loom.engine.sim.core import Speculation
 from loom.protocol import PRESETS
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 

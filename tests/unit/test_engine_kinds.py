@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from loom.clock import Clock
 from loom.engine import kinds
-from loom.engine.sglang_client import SGLangEngine
-from loom.engine.sim import SimEngine
-from loom.engine.vllm_client import VLLMEngine
+from loom.engine.clients.sglang import SGLangEngine
+from loom.engine.clients.vllm import VLLMEngine
+from loom.engine.sim.engine import SimEngine
 from loom_cli import main
 from loom_cli.deploy import DeployConfig, DeployError, Deployment
 from services.rollout.settings import RolloutSettings

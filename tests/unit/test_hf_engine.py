@@ -14,8 +14,8 @@ from transformers import PreTrainedModel
 
 from loom import policy
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.hf import HFEngine
-from loom.engine.hf_batch import Seq, request_generator, sample
+from loom.engine.clients.hf import HFEngine
+from loom.engine.clients.hf_batch import Seq, request_generator, sample
 from loom.tokenizer import STOP_IDS
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
@@ -337,7 +337,7 @@ async def test_a_forced_reply_scores_as_the_sampled_one_did(engine_at) -> None:
         await engine.generate(req("bad", PROMPTS[1], 5, forced_ids=[-1]))
 
 
-# Speculative decoding (loom.engine.hf_spec)
+# Speculative decoding (loom.engine.clients.hf_spec)
 
 LOOPY = [11, 12, 13, 14, 15, 16] * 4  # a prompt that repeats itself: its own tokens draft
 
@@ -390,7 +390,7 @@ def test_verification_emits_each_token_from_the_plain_distribution(temperature: 
     """Speculative sampling's rule for a deterministic draft, checked by chi-square: the first token
     follows the first position's distribution, and after a kept draft token the next follows the second's.
     The draft is a likely token, so both branches are exercised."""
-    from loom.engine.hf_spec import _target, verify_row
+    from loom.engine.clients.hf_spec import _target, verify_row
 
     torch.manual_seed(3)
     logits = torch.randn(2, 6) * 1.5
@@ -426,7 +426,7 @@ def test_verification_emits_each_token_from_the_plain_distribution(temperature: 
 def test_rejected_draft_columns_are_masked_then_compacted_away(models) -> None:
     """Thirty verification steps whose drafts are all refused: the batch's cache is compacted, and the next
     step's logits for each row equal one forward pass over its prompt and output."""
-    from loom.engine.hf_batch import BatchKV, prefill
+    from loom.engine.clients.hf_batch import BatchKV, prefill
 
     model = models["a"][1]
     batch = BatchKV()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from loom.bench import iteration_profile as ip
-from loom.engine.perf import ModelConfig
+from loom.engine.model.perf import ModelConfig
 
 TINY = ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, head_dim=16, vocab=211)
 

@@ -475,13 +475,13 @@ def test_every_gpu_worker_drives_an_engine_on_the_gpus_its_pod_requests(gpu: lis
         assert args[args.index("--host") + 1] == "127.0.0.1"
         if kind == "sglang":
             assert e["LOOM_ROLLOUT_SGLANG_URL"] == f"http://127.0.0.1:{port}" == "http://127.0.0.1:30000"
-            # loom.engine.sglang_client's docstring: what the server must run with.
+            # loom.engine.clients.sglang's docstring: what the server must run with.
             assert {"--enable-metrics", "--enable-priority-scheduling"} <= set(args)
             assert args[args.index("--tp-size") + 1] == str(gpus)
         else:
             assert kind == "vllm"
             assert e["LOOM_ROLLOUT_VLLM_URL"] == f"http://127.0.0.1:{port}"
-            # loom.engine.vllm_client's docstring: `VLLM_SERVER_DEV_MODE=1 vllm serve CKPT --scheduling-policy
+            # loom.engine.clients.vllm's docstring: `VLLM_SERVER_DEV_MODE=1 vllm serve CKPT --scheduling-policy
             # priority --logprobs-mode processed_logprobs --enable-per-request-metrics --enable-prompt-tokens-details`
             flags = " ".join(args)
             for flag in (

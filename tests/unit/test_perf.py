@@ -19,8 +19,8 @@ from loom.bench.engine_calibration import (
     interference_errors,
     measured_points,
 )
-from loom.engine.interference import context_bucket, interference_table
-from loom.engine.perf import EFFICIENCY, GPUS, MODELS, Efficiency, PerfModel
+from loom.engine.model.interference import context_bucket, interference_table
+from loom.engine.model.perf import EFFICIENCY, GPUS, MODELS, Efficiency, PerfModel
 
 PROPS = settings(max_examples=120, deadline=None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loom.engine.perf import PerfModel
+from loom.engine.model.perf import PerfModel
 from loom.policies.profiles import placement_profile, simulate_group
 
 

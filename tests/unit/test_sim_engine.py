@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel
-from loom.engine.prefix_cache import PrefixCache
-from loom.engine.sim import SimCore, SimEngine
-from loom.engine.sim_core import Speculation
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import Speculation
+from loom.engine.sim.engine import SimCore, SimEngine
+from loom.engine.sim.prefix_cache import PrefixCache
 
 PERF = PerfModel("h100", "qwen3-0.6b")
 PERF_8B = PerfModel("h100", "qwen3-8b")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from loom.bench import acceptance
 from loom.bench import speculative as bench
 from loom.bench.acceptance import Case, Sample, Turn, replay
-from loom.engine.hf_spec import StepCost, paying_width
+from loom.engine.clients.hf_spec import StepCost, paying_width
 from loom.speculative.drafter import THRESHOLD, Draft, Drafter, SuffixIndex, draft_length, expected_kept
 
 PROPS = settings(max_examples=150, deadline=None)

@@ -17,8 +17,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from loom import chat, openai_api
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.hf import HFEngine
-from loom.engine.sim import _with_ids
+from loom.engine.clients.hf import HFEngine
+from loom.engine.sim.engine import _with_ids
 from loom.engine.token_ids import QWEN3_VOCAB, synth_top_logprobs
 from loom.protocol import from_json
 from loom.protocol.sessions import ChatRequest, CompletionRequest

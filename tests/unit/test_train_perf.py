@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.engine import train_perf
-from loom.engine.perf import model_config
-from loom.engine.train_perf import TABLE3, TrainStage, sequence_flops, weight_sync_s
+from loom.engine.model import train_perf
+from loom.engine.model.perf import model_config
+from loom.engine.model.train_perf import TABLE3, TrainStage, sequence_flops, weight_sync_s
 from loom.workloads.base import WorkStep, cap_context
 from tests.conftest import need_shared
 

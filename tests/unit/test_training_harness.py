@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loom.bench.harness.training import Mode, Pool, local_load_s, run_training
-from loom.engine.train_perf import TrainStage
+from loom.engine.model.train_perf import TrainStage
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 MODEL = "qwen3-8b"

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import SimCore, build_core
-from loom.engine.virtual import VirtualSim
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import SimCore, build_core
+from loom.engine.sim.virtual import VirtualSim
 
 PERF = PerfModel("h100", "qwen3-0.6b")
 Log = list[tuple[float, EngineOutput]]

@@ -21,8 +21,8 @@ from nats.aio.client import Client as NATS
 from loom.bus import kv_key
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
-from loom.engine.vllm_client import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
-from loom.engine.vllm_server import build_app, sim_engine
+from loom.engine.clients.vllm import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
+from loom.engine.fakes.vllm_server import build_app, sim_engine
 from loom.genclient import GenClient
 from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
 from loom.service import Runtime

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loom.engine.vllm_client import engine_rid
-from loom.engine.vllm_server import chain_logprobs
+from loom.engine.clients.vllm import engine_rid
+from loom.engine.fakes.vllm_server import chain_logprobs
 from loom_cli.simserver import register
 from tests.integration.helpers import until
 from tests.unit.test_vllm_client import MODEL, SimServer

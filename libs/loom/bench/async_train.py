@@ -23,7 +23,7 @@ from rich.table import Table
 from loom.bench.harness.training import Mode, Pool
 from loom.bench.registry import Benchmark
 from loom.bench.training_cells import TP, Cell, add_run_arguments, run_cells, run_plan
-from loom.engine.train_perf import MFU
+from loom.engine.model.train_perf import MFU
 
 PAPER = {"speedup_vs_sync": 2.05, "speedup_vs_oneoff": 1.35, "best_alpha_over_1": 1.22}
 

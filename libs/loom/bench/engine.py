@@ -28,8 +28,8 @@ from loom.bench.engine_calibration import (
 )
 from loom.bench.registry import Benchmark
 from loom.bench.sim_throughput import run_workload
-from loom.engine.interference import context_bucket, interference_table
-from loom.engine.perf import GPUS, MODELS, PerfModel
+from loom.engine.model.interference import context_bucket, interference_table
+from loom.engine.model.perf import GPUS, MODELS, PerfModel
 
 GENERATED = 2048
 SWEEP_TPS = (1, 2, 4, 8)
@@ -130,7 +130,7 @@ def calibration() -> dict[str, Any]:
 
 
 def measured(gpu: str) -> dict[str, Any]:
-    """The model against the table measured on one ``gpu`` (loom/engine/measured): its interference factor,
+    """The model against the table measured on one ``gpu`` (loom/engine/model/measured): its interference factor,
     and how well its form fits the measured iteration times once its efficiencies are fitted to them."""
     eff, errors = fit_measured(gpu)
     return {

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from loom.engine import perf
-from loom.engine.perf import EFFICIENCY, Efficiency, PerfModel
+from loom.engine.model import perf
+from loom.engine.model.perf import EFFICIENCY, Efficiency, PerfModel
 
 Quantity = Literal["decode_tok_s", "non_attention_ms"]
 

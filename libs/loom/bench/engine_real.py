@@ -25,7 +25,7 @@ import torch
 
 from loom import policy
 from loom.engine.base import EngineRequest
-from loom.engine.hf import HFEngine
+from loom.engine.clients.hf import HFEngine
 from loom.envs import actions
 from loom.envs.base import Observation
 from loom.envs.math_env import MathEnv

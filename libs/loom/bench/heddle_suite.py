@@ -42,7 +42,7 @@ from loom.bench.registry import Benchmark
 from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
 from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
 from loom.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
-from loom.engine.sim_core import Speculation
+from loom.engine.sim.core import Speculation
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS
 

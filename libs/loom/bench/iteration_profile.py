@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loom.engine.perf import MODELS, ModelConfig
+from loom.engine.model.perf import MODELS, ModelConfig
 
 EPS = 1e-6
 ROPE_THETA = 1_000_000.0  # Qwen3's

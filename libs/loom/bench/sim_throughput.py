@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.sim_core import build_core
-from loom.engine.virtual import VirtualSim
+from loom.engine.sim.core import build_core
+from loom.engine.sim.virtual import VirtualSim
 
 TARGET_TOKENS_PER_WALL_S = 1_000_000
 _TOOL_MEAN_S = (0.05, 0.43, 1.42)

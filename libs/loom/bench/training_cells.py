@@ -12,7 +12,7 @@ from typing import Any
 
 from loom.bench.harness.training import Mode, Pool, run_training
 from loom.bench.workload_mix import mixed
-from loom.engine.train_perf import TrainStage
+from loom.engine.model.train_perf import TrainStage
 from loom.workloads.base import Workload
 
 # RollArt §7.1: rollout tensor parallelism per model.

@@ -75,7 +75,7 @@ def _sglang(s: EngineSettings, clock: Clock) -> Engine:
         raise ValueError(
             "LOOM_ROLLOUT_ENGINE=sglang needs LOOM_ROLLOUT_SGLANG_URL, the SGLang server's base URL"
         )
-    from loom.engine.sglang_client import SGLangEngine
+    from loom.engine.clients.sglang import SGLangEngine
 
     # The server decides tp and max_running; the worker reports what it finds there.
     return SGLangEngine(s.sglang_url, model=s.model, gpu=s.gpu)
@@ -84,7 +84,7 @@ def _sglang(s: EngineSettings, clock: Clock) -> Engine:
 def _vllm(s: EngineSettings, clock: Clock) -> Engine:
     if not s.vllm_url:
         raise ValueError("LOOM_ROLLOUT_ENGINE=vllm needs LOOM_ROLLOUT_VLLM_URL, the vLLM server's base URL")
-    from loom.engine.vllm_client import VLLMEngine
+    from loom.engine.clients.vllm import VLLMEngine
 
     # As with SGLang, the server decides tp and max_running (max_num_seqs).
     return VLLMEngine(s.vllm_url, model=s.model, gpu=s.gpu)
@@ -95,7 +95,7 @@ def _hf(s: EngineSettings, clock: Clock) -> Engine:
         raise ValueError(
             "LOOM_ROLLOUT_ENGINE=hf needs LOOM_ROLLOUT_MODEL_PATH, the checkpoint directory to serve"
         )
-    from loom.engine.hf import HFEngine
+    from loom.engine.clients.hf import HFEngine
 
     return HFEngine(
         s.model_path,
@@ -109,7 +109,7 @@ def _hf(s: EngineSettings, clock: Clock) -> Engine:
 
 
 def _sim(s: EngineSettings, clock: Clock) -> Engine:
-    from loom.engine.sim import SimEngine
+    from loom.engine.sim.engine import SimEngine
 
     return SimEngine(
         model=s.model,

@@ -26,10 +26,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.interference import context_bucket, interference_table
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import build_core
-from loom.engine.virtual import VirtualSim
+from loom.engine.model.interference import context_bucket, interference_table
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import build_core
+from loom.engine.sim.virtual import VirtualSim
 from loom.policies.partition import WorkerProfile
 
 # Output tokens of a typical agent step (SWE traces: about 270) and the observation a tool adds.

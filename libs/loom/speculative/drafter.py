@@ -16,7 +16,7 @@ MIN_N = 2
 MAX_N = 8
 MOST = 8  # drafted tokens per step at most
 # A token is drafted while the chance that it and every one before it is accepted stays above this: about
-# what one more position adds to a verification step at batch 32-64 on the H200 (engine/measured/README.md).
+# what one more position adds to a verification step at batch 32-64 on the H200 (engine/model/measured/README.md).
 THRESHOLD = 0.1
 PRIOR = 0.5  # a corpus's acceptance before it has drafted
 WEIGHT = 0.2  # of the latest step in a corpus's running acceptance

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loom.bench.harness.cluster import Cluster
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import Speculation
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import Speculation
 from loom.workloads.base import Workload, WorkTraj
 
 

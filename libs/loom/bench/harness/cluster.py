@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import HICACHE_RATIO
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import HICACHE_RATIO
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import STEP_TOKENS, placement_profile, tool_seconds
 from loom.policies.resources import ResourceProblem, anneal

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from loom.bench.harness.bounds import Alone
-from loom.engine.perf import PerfModel
+from loom.engine.model.perf import PerfModel
 from loom.workloads.base import WorkTraj
 
 # RollArt Table 2, relative price per GPU.

@@ -23,9 +23,9 @@ from loom.bench.harness.bounds import lower_bound_terms
 from loom.bench.harness.cluster import Cluster, allocate, tool_time
 from loom.bench.harness.learned import Learned, cross_fitted
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel
-from loom.engine.sim_core import HICACHE_RATIO, Speculation, build_core
-from loom.engine.virtual import VirtualSim
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.core import HICACHE_RATIO, Speculation, build_core
+from loom.engine.sim.virtual import VirtualSim
 from loom.policies.migration import MigrationPlanner
 from loom.policies.ordering import Plas
 from loom.policies.partition import coarsen, presorted_dp

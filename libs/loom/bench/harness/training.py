@@ -42,10 +42,10 @@ import numpy as np
 
 from loom.bench.harness.bounds import Alone
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel, gpu_spec, model_config
-from loom.engine.sim_core import build_core
-from loom.engine.train_perf import TrainStage, weight_sync_s
-from loom.engine.virtual import VirtualSim
+from loom.engine.model.perf import PerfModel, gpu_spec, model_config
+from loom.engine.model.train_perf import TrainStage, weight_sync_s
+from loom.engine.sim.core import build_core
+from loom.engine.sim.virtual import VirtualSim
 from loom.policies.affinity import eligible
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.predict.history import HistoryPredictor

@@ -9,9 +9,9 @@ import os
 
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
-from loom.engine.sim_core import SimCore, build_core
+from loom.engine.model.train_perf import weight_sync_s
+from loom.engine.sim.core import SimCore, build_core
 from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs, synth_top_logprobs
-from loom.engine.train_perf import weight_sync_s
 
 __all__ = ["SimCore", "SimEngine"]
 

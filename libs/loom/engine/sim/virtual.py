@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.sim_core import SimCore
+from loom.engine.sim.core import SimCore
 
 OnDone = Callable[[EngineOutput], None]
 

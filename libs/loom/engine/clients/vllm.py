@@ -70,7 +70,7 @@ from typing import Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.http_engine import HTTPEngine
+from loom.engine.clients.http import HTTPEngine
 from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
 
 log = logging.getLogger(__name__)

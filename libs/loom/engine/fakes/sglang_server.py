@@ -55,8 +55,8 @@ from pydantic import BaseModel, ConfigDict
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.sim import SimEngine
-from loom.engine.sim_serving import is_dir, serve_engine
+from loom.engine.fakes.serving import is_dir, serve_engine
+from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 
 log = logging.getLogger(__name__)

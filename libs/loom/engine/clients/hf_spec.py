@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loom.engine.hf_batch import Seq, draw, nucleus
+from loom.engine.clients.hf_batch import Seq, draw, nucleus
 from loom.speculative.drafter import MAX_N, MOST, Draft, Drafter, SuffixIndex, Tally
 
 KEEP = 256  # outputs of finished requests kept as drafting corpus

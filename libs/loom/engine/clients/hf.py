@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from loom import policy
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
-from loom.engine.hf_batch import (
+from loom.engine.clients.hf_batch import (
     BatchKV,
     FinishReason,
     Seq,
@@ -38,7 +38,7 @@ from loom.engine.hf_batch import (
     sample_with_top,
     score,
 )
-from loom.engine.hf_spec import Drafts, StepCost, paying_width, verify_row
+from loom.engine.clients.hf_spec import Drafts, StepCost, paying_width, verify_row
 from loom.speculative.drafter import MOST, Draft
 
 __all__ = ["HFEngine"]

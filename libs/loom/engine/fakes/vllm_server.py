@@ -64,10 +64,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.sim import SimEngine
-from loom.engine.sim_serving import is_dir, serve_engine
+from loom.engine.clients.vllm import engine_rid
+from loom.engine.fakes.serving import is_dir, serve_engine
+from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
-from loom.engine.vllm_client import engine_rid
 
 log = logging.getLogger(__name__)
 

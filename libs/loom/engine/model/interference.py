@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from loom.engine.perf import PerfModel
+from loom.engine.model.perf import PerfModel
 
 MAX_BATCH = 256
 

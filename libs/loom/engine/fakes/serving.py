@@ -14,7 +14,7 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
-from loom.engine.sim import SimEngine
+from loom.engine.sim.engine import SimEngine
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loom.engine.base import EngineLoad, EngineOutput, EngineRequest
-from loom.engine.perf import PerfModel
-from loom.engine.prefix_cache import PrefixCache
+from loom.engine.model.perf import PerfModel
+from loom.engine.sim.prefix_cache import PrefixCache
 
 _WAITING, _PREFILL, _DECODE, _DONE = range(4)
 

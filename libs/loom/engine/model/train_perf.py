@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loom.engine.perf import GpuSpec, ModelConfig, gpu_spec, model_config
+from loom.engine.model.perf import GpuSpec, ModelConfig, gpu_spec, model_config
 
 PASSES = 4
 # RollArt Figure 3: 23% of 365.7 s.
