@@ -19,7 +19,7 @@ from loom.envs.adapters import gem
 from loom.healthcheck import gather
 from loom.lifecycle import free_port
 from loom.natsserver import NatsCluster, NatsServer
-from loom.protocol import Health, subjects
+from loom.protocol import Health
 from loom.supervisor import ProcSpec, Supervisor
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class Deployment:
         specs += [
             ProcSpec("predictor", [*py, "services.predictor"], env("predictor")),
             ProcSpec("envmgr", [*py, "services.envmgr"], env("envmgr")),
-            *self._gem_specs(env("envmgr", {"LOOM_ENVMGR_LANES": subjects.LIBRARY_LANES["gem:"]})),
+            *self._gem_specs(env("envmgr", {"LOOM_ENVMGR_LANES": _gem_lane()})),
             ProcSpec("reward", [*py, "services.reward"], env("reward")),
         ]
         for i in range(self.cfg.workers):
@@ -246,6 +246,16 @@ class Deployment:
         await self.sup.stop()
         await self.nats.stop()
         (self.cfg.home / STATE_FILE).unlink(missing_ok=True)
+
+
+def _gem_lane() -> str:
+    """The work lane of GEM's trajectories, from the environment table (imported here: `loom up` alone needs it,
+    and the table's task sets take a moment to import at every other command's start)."""
+    from loom.envs import registry
+
+    gem = registry.KINDS["gem:"]
+    assert isinstance(gem, registry.Library)
+    return gem.lane
 
 
 def replica(name: str, i: int) -> str:

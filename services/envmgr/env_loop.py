@@ -51,9 +51,9 @@ async def with_retries(what: str, fn: Callable[[], Awaitable[T]], attempts: int 
     raise AssertionError("unreachable")
 
 
-async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None) -> Trajectory:
+async def run_env(work: TrajWork, ctx: LoopContext, pool: SandboxPool | None, sandboxed: bool) -> Trajectory:
+    """``sandboxed``: the environment needs a sandbox (``registry.resolve(work.env).sandboxed``)."""
     key = f"{work.job_id}.{work.traj_id}"
-    sandboxed = registry.needs_sandbox(work.env)
     if sandboxed and pool is None:
         raise EnvError(f"environment {work.env!r} needs sandboxes and this manager has none")
     started = ctx.clock.now()

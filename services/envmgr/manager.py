@@ -240,7 +240,8 @@ class EnvManager:
                     raise GroupGone(f"group {w.group} was restarted")
                 # The version that initiates generation (RollArt's definition); the bound is measured from it.
                 r.start_version = await self._stream_version(w.job_id)
-            loop = registry.resolve(w.env).kind.loop
+            env = registry.resolve(w.env)
+            loop = env.loop
             if loop == "replay":
                 return await run_replay(w, self.ctx)
             if loop == "external":
@@ -250,8 +251,8 @@ class EnvManager:
                 cls = await asyncio.to_thread(registry.user_class, w.env, env_class)
                 pool = await self.sandboxes.get() if needs_sandbox(cls) else None
                 return await run_user_env(w, self.ctx, cls, pool)
-            pool = await self.sandboxes.get() if registry.needs_sandbox(w.env) else None
-            return await run_env(w, self.ctx, pool)
+            pool = await self.sandboxes.get() if env.sandboxed else None
+            return await run_env(w, self.ctx, pool, env.sandboxed)
 
     async def _run_one(self, key: str, r: Running) -> None:
         w = r.work

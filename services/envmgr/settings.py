@@ -3,6 +3,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from loom.envs import registry
 from loom.protocol import subjects
 from loom.sandbox.settings import SandboxSettings
 
@@ -18,7 +19,7 @@ class EnvmgrSettings(SandboxSettings):
     gen_give_up_s: float = 300.0
     # JetStream ack deadline for a running trajectory; refreshed while it runs (wall seconds).
     ack_wait_s: float = 30.0
-    # Which trajectory work this manager takes (loom.protocol.subjects.work_lane), comma-separated: "main", every
+    # Which trajectory work this manager takes (loom.envs.registry.LANES), comma-separated: "main", every
     # environment but those of libraries with a virtualenv of their own, and such a library's lane ("gem"), for
     # a manager started from that virtualenv (`loom up` starts one where .venv-gem exists). Each lane has its
     # own consumer, running up to ``concurrency`` trajectories.
@@ -28,9 +29,9 @@ class EnvmgrSettings(SandboxSettings):
     @classmethod
     def _known_lanes(cls, v: str) -> str:
         lanes = [x.strip() for x in v.split(",") if x.strip()]
-        unknown = sorted(set(lanes) - set(subjects.LANES))
+        unknown = sorted(set(lanes) - set(registry.LANES))
         if not lanes or unknown:
-            raise ValueError(f"lanes must name some of {list(subjects.LANES)}, not {v!r}")
+            raise ValueError(f"lanes must name some of {list(registry.LANES)}, not {v!r}")
         return ",".join(dict.fromkeys(lanes))
 
     def lane_list(self) -> list[str]:

@@ -39,7 +39,7 @@ from loom.service import Runtime
 from loom.workers import WorkerInfo, read_workers
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import SpecError, expand, resolve_tasks, samples_per_group
+from services.scheduler.tasks import SpecError, expand, resolve_tasks, samples_per_group, work_subject
 
 T = TypeVar("T")
 
@@ -209,8 +209,7 @@ class JobManager:
             )
             return self.kv_traj.put(kv_key(job.id, w.traj_id), encode(record))
 
-        # The job's lane: a library with a virtualenv of its own runs only in managers started from it.
-        subject = subjects.traj_work(job.id, subjects.work_lane(job.spec.env))
+        subject = work_subject(job.id, job.spec.env)
 
         def queue(w: TrajWork) -> Awaitable[object]:
             # Same Nats-Msg-Id on a re-launch after a crash: the stream drops the duplicate.

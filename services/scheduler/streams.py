@@ -57,7 +57,7 @@ from loom.protocol import (
 from loom.service import Runtime
 from loom.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import SpecError, group_works, resolve_tasks, samples_per_group
+from services.scheduler.tasks import SpecError, group_works, resolve_tasks, samples_per_group, work_subject
 
 log = logging.getLogger(__name__)
 
@@ -492,7 +492,7 @@ class StreamManager:
     async def _publish_work(self, st: Stream, group: int) -> None:
         og = st.open[group]
         task = self.tasks[st.id][task_at(og.pos, st.n_tasks, st.spec.shuffle, st.spec.shuffle_seed)]
-        subject = subjects.traj_work(st.id, subjects.work_lane(st.spec.env))
+        subject = work_subject(st.id, st.spec.env)
         for w in group_works(st.id, st.spec.job_spec(), task, group, st.spec.async_bound):
             # Through an election of the work stream's leader: the record already holds the group open, and
             # the message id makes a publish that landed before its answer was lost count once.

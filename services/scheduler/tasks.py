@@ -8,7 +8,7 @@ from loom import allowlist
 from loom.envs import registry, tasksets
 from loom.envs.adapters import BadParams, LibraryMissing, UnknownName
 from loom.envs.replay import SIBLINGS
-from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork
+from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork, subjects
 from loom.protocol.messages import BUILTIN_REWARDS
 from loom.traces import Trace, TraceError, load_traces
 
@@ -20,6 +20,12 @@ class SpecError(ValueError):
         super().__init__(msg)
         self.loc = loc
         self.msg = msg
+
+
+def work_subject(job_id: str, env: str) -> str:
+    """Where a job's (or a stream's) trajectory work goes: its environment's lane (a library with a virtualenv of
+    its own runs only in managers started from it)."""
+    return subjects.traj_work(job_id, registry.resolve(env).lane)
 
 
 def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
@@ -44,7 +50,7 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
                     raise SpecError(["tasks", n, "data", key], "a path must be a string")
                 _allowed(["tasks", n, "data", key], allowlist.check_data_file, value)
     try:
-        kind, _ = registry.resolve(spec.env)
+        kind = registry.resolve(spec.env).kind
     except ValueError as e:
         raise SpecError(["env"], str(e)) from e
     if isinstance(kind, registry.Library):

@@ -10,6 +10,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from loom.envs import registry
 from loom.protocol import subjects
 from services.envmgr.manager import DURABLE, durable, narrow_legacy_consumer
 
@@ -54,9 +55,9 @@ async def test_a_store_from_before_lanes_is_narrowed_and_lanes_take_their_own_wo
     assert info.config.ack_wait == 30.0
     for job in ("job-a", "job-b"):
         await js.publish(
-            subjects.traj_work(job, subjects.work_lane("gem:game:GuessTheNumber-v0-easy")), job.encode()
+            subjects.traj_work(job, registry.resolve("gem:game:GuessTheNumber-v0-easy").lane), job.encode()
         )
-        await js.publish(subjects.traj_work(job, subjects.work_lane("math")), f"{job} main".encode())
+        await js.publish(subjects.traj_work(job, registry.resolve("math").lane), f"{job} main".encode())
     assert await _take(nc, "gem") == ["job-a", "job-b"]
     assert await _take(nc, subjects.MAIN_LANE) == ["job-a main", "job-b main", "queued before the upgrade"]
     # A job's lane work goes with one purge (a cancel's), the main lane's with another.

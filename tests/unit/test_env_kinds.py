@@ -35,8 +35,16 @@ def test_every_kind_of_name_resolves_through_the_one_table() -> None:
         "search": ("hotpotqa",),
         "coin": ("coin", "coin-eval"),
     }
-    assert {"code", "math"} == registry.SANDBOXED and registry.env_of_set("coin-eval") == "coin"
-    assert [registry.needs_sandbox(e) for e in ("code", "coin", "reasoning_gym:chain_sum")] == [1, 0, 0]
+    assert {n for n in registry.DATASETS if registry.resolve(n).sandboxed} == {
+        "code",
+        "math",
+    } and registry.env_of_set("coin-eval") == "coin"
+    assert [registry.resolve(e).sandboxed for e in ("code", "coin", "reasoning_gym:chain_sum")] == [1, 0, 0]
+    assert [registry.resolve(e).lane for e in ("code", "gem:game:Sudoku-v0-easy", "a.b:C")] == [
+        "main",
+        "gem",
+        "main",
+    ]
 
 
 def test_a_library_is_one_table_entry_and_one_adapter_module(monkeypatch: pytest.MonkeyPatch) -> None:

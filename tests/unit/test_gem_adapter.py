@@ -46,9 +46,10 @@ def fresh_catalog() -> Iterator[None]:
 
 
 def test_gem_jobs_take_a_work_lane_of_their_own() -> None:
-    assert subjects.work_lane(GUESS) == subjects.work_lane(MATH) == "gem"
+    assert registry.resolve(GUESS).lane == registry.resolve(MATH).lane == "gem"
     for env in ("math", "replay", "reasoning_gym:chain_sum", "skyrl_gym:gsm8k", "my_pkg.envs:Gem", "gemx:a"):
-        assert subjects.work_lane(env) == subjects.MAIN_LANE
+        assert registry.resolve(env).lane == subjects.MAIN_LANE
+    assert registry.LANES == ("main", "gem")
     assert subjects.traj_work("job-1") == "loom.v1.trajwork.job-1"
     assert subjects.traj_work("job-1", "gem") == "loom.v1.trajwork.job-1.gem"
     # One token after trajwork for the main lane, two for a library's: the filters cannot overlap.

@@ -10,6 +10,10 @@ An environment name resolves through one table, ``KINDS`` (``resolve``):
 
 A library's prefix is reserved: ``reasoning_gym:X`` is never read as an import path. Adding a library is one
 entry in ``KINDS`` and one adapter module.
+
+``resolve`` is the one place a name is parsed: what it returns answers everything the system asks of a job's
+environment (its loop, its work lane, whether it needs a sandbox, its library and the library's name of it), and
+the scheduler, the environment managers and the task expansion all ask it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Literal, NamedTuple, cast
 from loom.envs import code_env, coin, hotpotqa, math_env, search_env, tasksets
 from loom.envs.adapters import Adapter
 from loom.envs.base import Env
-from loom.protocol import TaskSpec
+from loom.protocol import TaskSpec, subjects
 from loom.sandbox import Sandbox
 from loom.tokenizer import count_tokens
 
@@ -63,10 +67,13 @@ class Library:
     """A library's environments, ``<prefix>:<name>``, served by the adapter module ``adapter``: as
     ``loom.envs.base.Env`` objects (``make``) on the built-in loop, or as ``loom.envs.api.Environment`` classes
     (``environment``) on the user loop, for libraries whose environments take the model's reply as text and
-    answer with chat messages."""
+    answer with chat messages. A library whose pins cannot sit beside Loom's runs in a virtualenv of its own:
+    its trajectories go to a work ``lane`` of their own, which only managers started from that virtualenv take
+    (``loom up`` starts one)."""
 
     adapter: str
     loop: Loop = "env"
+    lane: str = subjects.MAIN_LANE
 
     def load(self) -> Adapter:
         return cast(Adapter, importlib.import_module(self.adapter))
@@ -107,20 +114,42 @@ KINDS: dict[str, Kind] = {
     "external": Special("external"),
     "reasoning_gym:": Library("loom.envs.adapters.reasoning_gym"),
     "skyrl_gym:": Library("loom.envs.adapters.skyrl_gym", loop="user"),
-    "gem:": Library("loom.envs.adapters.gem", loop="user"),
+    "gem:": Library("loom.envs.adapters.gem", loop="user", lane="gem"),
     "module:Class": ImportPath(),
 }
 IMPORT_PATH = "module:Class"
 
-# Environment -> the task sets it runs (the first is its default), and the environments that need a sandbox.
+# Environment -> the task sets it runs (the first is its default).
 DATASETS: dict[str, tuple[str, ...]] = {n: k.sets for n, k in KINDS.items() if isinstance(k, Builtin)}
-SANDBOXED = frozenset(n for n, k in KINDS.items() if isinstance(k, Builtin) and k.sandboxed)
+# The work lanes: the main one, and each library's of its own (envmgr's LOOM_ENVMGR_LANES names some of them).
+LANES = tuple(
+    dict.fromkeys([subjects.MAIN_LANE, *(k.lane for k in KINDS.values() if isinstance(k, Library))])
+)
 
 
 class Resolved(NamedTuple):
     kind: Kind
     # What follows a library's prefix (the library's name of the environment), the import path, or "".
     arg: str
+
+    @property
+    def loop(self) -> Loop:
+        return self.kind.loop
+
+    @property
+    def lane(self) -> str:
+        """The work lane its trajectories go to (loom.protocol.subjects.traj_work)."""
+        return self.kind.lane if isinstance(self.kind, Library) else subjects.MAIN_LANE
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the built-in loop's environment needs a sandbox (a user environment's class says so itself)."""
+        return isinstance(self.kind, Builtin) and self.kind.sandboxed
+
+    def library(self) -> tuple[Adapter, str] | None:
+        """The adapter and the library's name of the environment (None: no library's); the adapter's module is
+        imported here, the library itself not yet."""
+        return (self.kind.load(), self.arg) if isinstance(self.kind, Library) else None
 
 
 def resolve(env: str) -> Resolved:
@@ -140,26 +169,14 @@ def resolve(env: str) -> Resolved:
     return Resolved(KINDS[IMPORT_PATH], env)
 
 
-def library(env: str) -> tuple[Adapter, str] | None:
-    """The adapter and the library's environment name for a library kind (None for any other kind); the
-    adapter's module is imported here, the library itself not yet."""
-    kind, arg = resolve(env)
-    return (kind.load(), arg) if isinstance(kind, Library) else None
-
-
 def user_class(env: str, by_path: Callable[[str], Any]) -> Any:
     """The ``loom.envs.api.Environment`` class of a user-loop environment: a library's (its adapter's
     ``environment``), or a user's by import path (``by_path``)."""
-    lib = library(env) if ":" in env else None
+    lib = resolve(env).library()
     if lib is None:
         return by_path(env)
     adapter, arg = lib
     return adapter.environment(arg)
-
-
-def needs_sandbox(env: str) -> bool:
-    """Whether the built-in loop's environment ``env`` needs a sandbox (a user environment says so itself)."""
-    return env in SANDBOXED
 
 
 @functools.cache
@@ -215,7 +232,7 @@ def task_ids(
     """The ids of a task set, in order; ValueError if the environment does not run that set. A library
     environment generates its own tasks under ``params`` (the job's ``env_params``): it takes no set name or
     path, and raises the adapters' LibraryMissing, UnknownName or BadParams when it cannot run the job."""
-    lib = library(env) if ":" in env else None
+    lib = resolve(env).library()
     if lib is not None:
         if name is not None or path is not None:
             raise ValueError(f"environment {env!r} generates its tasks: name no task set or file")
@@ -231,7 +248,7 @@ def task_specs(
 ) -> list[TaskSpec]:
     """Tasks of a set as job tasks: the id, where to find it, and the statement for prompt-only prediction (a
     library environment's task carries the parameters it is generated under, defaults filled in)."""
-    lib = library(env) if ":" in env else None
+    lib = resolve(env).library()
     if lib is not None:
         adapter, arg = lib
         used = adapter.params(arg, params or {})
@@ -268,7 +285,7 @@ def task_specs(
 def task_of(spec: TaskSpec) -> Any:
     """A task's record: a built-in set's, or a library environment's (generated again from its params)."""
     name = str(spec.data["set"])
-    lib = library(name) if ":" in name else None
+    lib = resolve(name).library() if ":" in name else None  # a built-in set's name is no environment
     if lib is not None:
         adapter, arg = lib
         return adapter.task(arg, dict(spec.data.get("params") or {}), spec.id)

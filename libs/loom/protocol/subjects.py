@@ -69,16 +69,8 @@ CONTROL_VERSION = control("version")
 # antlr4 4.13 against hydra's 4.9) runs only in managers started from a virtualenv of its own: its
 # trajectories take a lane of their own, ``trajwork.<job>.<lane>``, which only those managers consume. The
 # consumers' filters must not overlap on a work-queue stream, and ``*`` against ``*.<lane>`` do not.
+# Which environment goes to which lane is the environment table's (loom.envs.registry: Resolved.lane, LANES).
 MAIN_LANE = "main"
-# A library's env prefix -> its lane.
-LIBRARY_LANES = {"gem:": "gem"}
-LANES = (MAIN_LANE, *LIBRARY_LANES.values())
-
-
-def work_lane(env: str) -> str:
-    """The lane of a job's trajectories, from its ``env`` (``gem:game:...`` -> ``gem``)."""
-    prefix, colon, _ = env.partition(":")
-    return LIBRARY_LANES.get(prefix + colon, MAIN_LANE) if colon else MAIN_LANE
 
 
 def traj_work(job_id: str, lane: str = MAIN_LANE) -> str:

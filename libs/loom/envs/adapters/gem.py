@@ -6,7 +6,7 @@ and ``math-verify[antlr4_13_2]``, whose antlr4-python3-runtime 4.13.2 cannot sit
 hydra and skyrl-gym's omegaconf pin. So GEM lives in ``.venv-gem`` (``make install`` builds it: Loom without
 extras, GEM, and the two packages its math environments import without declaring), and ``loom up`` starts one
 environment manager from it that serves only GEM's trajectories: they go to a work lane of their own
-(``loom.protocol.subjects.work_lane``) that the main managers never take. Loom's wire structs encode the same
+(``loom.envs.registry``: its entry's ``lane``) that the main managers never take. Loom's wire structs encode the same
 under msgspec 0.19 (tests/unit/test_gem_adapter.py checks it).
 
 Submission. The scheduler runs in the main virtualenv and never imports GEM. Everything a job's tasks need is
