@@ -12,15 +12,15 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom import bus
-from loom.allowlist import CODE_ALLOW_ENV
-from loom.auth import header
-from loom.natsserver import NatsServer
-from loom.service import Runtime, Service, serve
+from loom.identity.allowlist import CODE_ALLOW_ENV
+from loom.identity.auth import header
+from loom.runtime import bus
+from loom.runtime.natsserver import NatsServer
+from loom.runtime.service import Runtime, Service, serve
 from loom.settings import LoomSettings, default_shared_dir
 
 SHARED = default_shared_dir()
-# The only user code the tests' services may import (loom.allowlist); subprocesses inherit it.
+# The only user code the tests' services may import (loom.identity.allowlist); subprocesses inherit it.
 os.environ.setdefault(CODE_ALLOW_ENV, "tests.integration.reward_fns,tests.integration.user_envs,loom_guess")
 # The admin token of schedulers the tests start in-process, and the header that presents it.
 API_TOKEN = "test-admin-token-0123456789abcdef"

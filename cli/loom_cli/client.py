@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from loom import auth
+from loom.identity import auth
 
 
 class ApiError(RuntimeError):

@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loom import nats_auth
-from loom.auth import AuthConfigError, Tokens, home_token
 from loom.engine import kinds as engine_kinds
 from loom.envs.adapters import gem
-from loom.healthcheck import gather
-from loom.lifecycle import free_port
-from loom.natsserver import NatsCluster, NatsServer
+from loom.identity import nats_auth
+from loom.identity.auth import AuthConfigError, Tokens, home_token
 from loom.protocol import Health
-from loom.supervisor import ProcSpec, Supervisor
+from loom.runtime.healthcheck import gather
+from loom.runtime.lifecycle import free_port
+from loom.runtime.natsserver import NatsCluster, NatsServer
+from loom.runtime.supervisor import ProcSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class Deployment:
         return self.nats.servers if isinstance(self.nats, NatsCluster) else [self.nats]
 
     def credentials(self, role: str) -> tuple[str, str]:
-        """(user, password) for a client of this deployment in ``role`` (``loom.nats_auth.ROLES``)."""
+        """(user, password) for a client of this deployment in ``role`` (``loom.identity.nats_auth.ROLES``)."""
         return role, self.passwords[role]
 
     def _write_state(self) -> None:

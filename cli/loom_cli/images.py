@@ -7,8 +7,7 @@ import argparse
 import asyncio
 import json
 
-from loom import stack_images
-from loom.sandbox import engine, images
+from loom.sandbox import engine, images, stack_images
 
 KINDS = ("sandbox", "services", "nats")
 

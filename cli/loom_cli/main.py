@@ -15,10 +15,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from loom import lifecycle, logs
+from loom import logs
 from loom.engine import kinds as engine_kinds
 from loom.envs.adapters import gem
-from loom.natsserver import refusals
+from loom.runtime import lifecycle
+from loom.runtime.natsserver import refusals
 from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import (

@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from loom.data.trace_sets import SETS, trace_set, workload_of_prompts
+    from loom.data.traces import load_traces
     from loom.predict import dataset, train
     from loom.predict.export import calibrate, export
-    from loom.trace_sets import SETS, trace_set, workload_of_prompts
-    from loom.traces import load_traces
 
     if args.traces is None:
         traces = [t for name in SETS for t in trace_set(name)][: args.limit]

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from loom.auth import header, new_token
 from loom.bench.rollmux_plots import GanttRow, gantt
-from loom.natsserver import NatsServer
-from loom.supervisor import ProcSpec, Supervisor
+from loom.identity.auth import header, new_token
+from loom.runtime.natsserver import NatsServer
+from loom.runtime.supervisor import ProcSpec, Supervisor
 from loom_cli.deploy import free_port
 
 # A rollout-heavy job, a train-heavy one that fills its training bubble (direct packing on its rollout

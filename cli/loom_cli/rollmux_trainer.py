@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loom import bus
-from loom.phases import PhaseClient
 from loom.protocol import PhasePermit, TailMigration
+from loom.runtime import bus
+from loom.trainer.phases import PhaseClient
 
 # Share of a rollout's responses done against the share of its time gone: 80% finish in the first half,
 # the long tail takes the second (the skewness bubble RollMux's migration reclaims).

@@ -30,10 +30,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loom import bus, lifecycle, policy
+from loom import checkpoints as policy
 from loom.envs import coin, registry, tasksets
 from loom.protocol import SamplingParams, StreamSpec
 from loom.protocol.messages import TERMINAL_JOB_STATES
+from loom.runtime import bus, lifecycle
 from loom.trainer.client import StreamClient
 from loom.trainer.coin_warmstart import coin_warm_start, demonstration
 from loom.trainer.grpo import GRPOConfig
@@ -85,7 +86,7 @@ class TrainConfig:
     eval_samples: int = 2
     seed: int = 0
     base: str | None = None
-    # Overrides of loom.policy.TINY; None: the one each task's recipe was measured with.
+    # Overrides of loom.checkpoints.TINY; None: the one each task's recipe was measured with.
     model: dict[str, Any] | None = None
     sync: bool = True
     lr: float = 1e-3

@@ -27,10 +27,10 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.envs import coin
 from loom.integrations.trl import LoomGRPOTrainer, LoomRollout, loom_reward
-from loom.tokenizer import hf_tokenizer
+from loom.text.tokenizer import hf_tokenizer
 from loom.trainer.coin_warmstart import coin_warm_start
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}

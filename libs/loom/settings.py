@@ -47,7 +47,7 @@ class LoomSettings(BaseSettings):
     shared_dir: Path = Field(
         default_factory=default_shared_dir, validation_alias=AliasChoices("shared_dir", "LOOM_SHARED_DIR")
     )
-    # Who the service is on NATS (its role's user, loom.nats_auth); the password, or a file holding it.
+    # Who the service is on NATS (its role's user, loom.identity.nats_auth); the password, or a file holding it.
     nats_user: str | None = Field(None, validation_alias=AliasChoices("nats_user", "LOOM_NATS_USER"))
     # Plain (not SecretStr) so that the settings handed to forked reward workers as JSON keep it.
     nats_password: str | None = Field(

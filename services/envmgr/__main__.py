@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loom import service
+from loom.runtime import service
 from services.envmgr.manager import EnvManager
 from services.envmgr.settings import EnvmgrSettings
 

@@ -9,8 +9,8 @@ from nats.aio.client import Client as NATS
 from prometheus_client import Counter, Histogram
 
 from loom.clock import Clock
-from loom.genclient import GenClient
 from loom.protocol import GenRequest, GenResult, SamplingParams, Step, Trajectory, TrajStatus, TrajWork
+from loom.runtime.genclient import GenClient
 
 
 class TrajectoryAborted(Exception):

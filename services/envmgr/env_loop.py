@@ -22,7 +22,7 @@ from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
-from loom.tokenizer import qwen_tokenizer
+from loom.text.tokenizer import qwen_tokenizer
 from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.prediction import await_prediction, predict
 

@@ -36,13 +36,13 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from loom import chat, openai_api
 from loom.engine.token_ids import QWEN3_VOCAB
 from loom.envs.base import EnvError
-from loom.genclient import GenFailed
 from loom.predict import context as predict_context
 from loom.protocol import Prediction, Sibling, Step, Trajectory, TrajWork, decode, encode, subjects
 from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
+from loom.runtime.genclient import GenFailed
+from loom.text import chat, openai_api
 from services.envmgr.context import LoopContext, ModelCall, TrajectoryAborted, call_model, trajectory
 from services.envmgr.prediction import await_prediction, predict
 

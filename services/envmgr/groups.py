@@ -11,8 +11,8 @@ import json
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from loom.bus import kv_key
 from loom.protocol import TrajWork, subjects
+from loom.runtime.bus import kv_key
 
 
 class GroupLedger:

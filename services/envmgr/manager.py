@@ -19,10 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from loom import results
-from loom.bus import kv_key
 from loom.envs import registry
-from loom.genclient import GenClient
 from loom.policies.staleness import AsyncBound
 from loom.protocol import (
     TERMINAL_JOB_STATES,
@@ -42,9 +39,12 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime import results
+from loom.runtime.bus import kv_key
+from loom.runtime.genclient import GenClient
+from loom.runtime.service import Runtime
+from loom.runtime.workqueue import WorkQueueConsumer
 from loom.sandbox.settings import OnDemandSandboxes
-from loom.service import Runtime
-from loom.workqueue import WorkQueueConsumer
 from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
 from services.envmgr.env_loop import run_env
 from services.envmgr.external import run_external

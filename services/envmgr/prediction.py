@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import logging
 
-from loom.bus import request
 from loom.predict import context as predict_context
 from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajWork, encode, subjects
+from loom.runtime.bus import request
 from services.envmgr.context import LoopContext
 
 log = logging.getLogger(__name__)

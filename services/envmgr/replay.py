@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from loom.data.traces import load_traces
 from loom.envs.replay import ReplayEnv
 from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
-from loom.traces import load_traces
 from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.prediction import await_prediction, predict
 

@@ -6,7 +6,7 @@ results, the next generation prompt), so a trainer sees exactly what the engine 
 the environment steps, as for the built-ins.
 
 Only this process imports the environment's code, and only from modules the operator allowed
-(``loom.allowlist``). A reset that fails transiently (``EnvError``, a sandbox error, a timeout) is retried on
+(``loom.identity.allowlist``). A reset that fails transiently (``EnvError``, a sandbox error, a timeout) is retried on
 a fresh instance; a step only on ``EnvError``, which the environment raises where a retry is safe. Anything
 else fails this trajectory alone, with the reason.
 
@@ -26,14 +26,15 @@ from typing import Any
 
 import msgspec
 
-from loom import allowlist, chat
 from loom.envs.api import Action, StepResult
 from loom.envs.base import EnvError
+from loom.identity import allowlist
 from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
-from loom.tokenizer import IM_END
+from loom.text import chat
+from loom.text.tokenizer import IM_END
 from services.envmgr.context import LoopContext, call_model, trajectory
 from services.envmgr.env_loop import with_retries
 from services.envmgr.prediction import await_prediction, predict

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loom import service
+from loom.runtime import service
 from services.predictor.service import PredictorService
 from services.predictor.settings import PredictorSettings
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from loom import results
-from loom.bus import kv_key
 from loom.predict.batcher import MicroBatcher
 from loom.predict.blend import SiblingBlend
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajDone, encode, subjects
-from loom.service import Runtime
+from loom.runtime import results
+from loom.runtime.bus import kv_key
+from loom.runtime.service import Runtime
 from services.predictor.settings import PredictorSettings
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ job's result stream."""
 
 from __future__ import annotations
 
-from loom import service
+from loom.runtime import service
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 

@@ -37,7 +37,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from services.reward.settings import RewardSettings
 from services.reward.store import store
 from services.reward.workers import Worker, WorkerPool

@@ -8,9 +8,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from loom import results
-from loom.bus import kv_key
 from loom.protocol import TrajDone, Trajectory, TrajMeta, TrajState, encode, subjects
+from loom.runtime import results
+from loom.runtime.bus import kv_key
 
 
 async def store(

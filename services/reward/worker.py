@@ -18,7 +18,7 @@ import time
 
 from nats.aio.msg import Msg
 
-from loom import bus, logs
+from loom import logs
 from loom.protocol import (
     DecodeError,
     RewardAssign,
@@ -31,6 +31,7 @@ from loom.protocol import (
 )
 from loom.rewards.context import RewardContext, RewardError
 from loom.rewards.registry import score
+from loom.runtime import bus
 from loom.sandbox.settings import OnDemandSandboxes
 from services.reward.settings import RewardSettings
 from services.reward.store import store

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from loom import service
 from loom.engine import kinds
 from loom.engine.base import Engine
-from loom.service import Runtime
+from loom.runtime import service
+from loom.runtime.service import Runtime
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 

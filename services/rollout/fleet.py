@@ -25,8 +25,9 @@ import sys
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from loom import bus, logs
-from loom.service import Runtime, serve
+from loom import logs
+from loom.runtime import bus
+from loom.runtime.service import Runtime, serve
 from services.rollout.__main__ import build
 from services.rollout.settings import RolloutSettings
 

@@ -37,7 +37,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from services.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)

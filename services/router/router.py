@@ -18,8 +18,6 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from loom.bus import kv_key
-from loom.lease import Lease, LeaseLost, lease_bucket
 from loom.policies.affinity import eligible
 from loom.policies.migration import MigrationPlanner, Move
 from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
@@ -48,8 +46,10 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
-from loom.workers import WorkerRegistry
+from loom.runtime.bus import kv_key
+from loom.runtime.lease import Lease, LeaseLost, lease_bucket
+from loom.runtime.service import Runtime
+from loom.runtime.workers import WorkerRegistry
 from services.router.settings import RouterSettings
 from services.router.transfers import Transfers
 
@@ -113,7 +113,7 @@ class Router:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, rt: Runtime) -> None:
-        """Route once this instance holds the ``router`` lease (``loom.lease``); until then stand by, doing
+        """Route once this instance holds the ``router`` lease (``loom.runtime.lease``); until then stand by, doing
         nothing. A standby that takes over starts as a restarted router does: callers re-send what the dead
         one had queued (their keepalives stopped), and what it had forwarded goes on at the workers, which
         drop a re-sent rid they already serve. One that loses the lease stops at once."""

@@ -12,10 +12,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from loom.bus import request
 from loom.policies.migration import Move, schedule_transfers
 from loom.protocol import WarmDone, WarmPrefix, subjects
-from loom.service import Runtime
+from loom.runtime.bus import request
+from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import uvicorn
 
-from loom import service
-from loom.auth import Tokens
-from loom.lease import Lease, LeaseLost, lease_bucket
+from loom.identity.auth import Tokens
 from loom.policies.rollmux.cluster import ClusterSpec
-from loom.service import Runtime
+from loom.runtime import service
+from loom.runtime.lease import Lease, LeaseLost, lease_bucket
+from loom.runtime.service import Runtime
 from services.scheduler.api import build_app
 from services.scheduler.dashboard import Dashboard
 from services.scheduler.jobs import JobManager
@@ -65,7 +65,7 @@ class Scheduler:
 
     async def run(self, rt: Runtime) -> None:
         """Serve the REST API at once; act as the scheduler once this instance holds the ``scheduler`` lease
-        (``loom.lease``), and until then forward the API to the instance that does (``standby``). Every
+        (``loom.runtime.lease``), and until then forward the API to the instance that does (``standby``). Every
         instance runs the same code: the one that starts first is active, the others take over when it dies,
         recovering jobs and streams from the bus as a restarted scheduler does. One that loses the lease
         stops (its supervisor restarts it as a standby): it must not act beside the new active one."""

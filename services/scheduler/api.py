@@ -1,7 +1,7 @@
 """REST edge of the scheduler (FastAPI). Job specs decode with msgspec into the same type as on NATS, numbers read
 as JSON Schema reads them.
 
-Every path asks for a bearer token (``loom.auth``): none, or one the scheduler does not know, is a 401,
+Every path asks for a bearer token (``loom.identity.auth``): none, or one the scheduler does not know, is a 401,
 logged and counted. A job belongs to the tenant whose token submitted it; another tenant's token finds no
 such job (404), and the admin's sees every job. RL co-scheduling (``/v1/rljobs``) places jobs on the shared
 cluster and is the admin's."""
@@ -21,10 +21,11 @@ from starlette.datastructures import MutableHeaders
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loom import __version__, bus, results
-from loom.auth import Principal, Tokens, bearer
+from loom import __version__
+from loom.identity.auth import Principal, Tokens, bearer
 from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
-from loom.service import Runtime
+from loom.runtime import bus, results
+from loom.runtime.service import Runtime
 from services.scheduler import openapi
 from services.scheduler.dashboard import BrowserSessions, Dashboard
 from services.scheduler.gateway import add_gateway_routes

@@ -25,7 +25,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from loom.auth import Principal
+from loom.identity.auth import Principal
 from loom.protocol import (
     Health,
     PriorityUpdate,
@@ -36,7 +36,7 @@ from loom.protocol import (
     subjects,
     to_builtins,
 )
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from services.scheduler.jobs import JobManager
 from services.scheduler.rljobs import RLJobManager
 from services.scheduler.streams import StreamManager

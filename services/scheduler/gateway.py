@@ -29,11 +29,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from loom import openai_api
-from loom.auth import Principal, Tokens
+from loom.identity.auth import Principal, Tokens
 from loom.protocol import Job, decode, encode, from_json, subjects, to_builtins
 from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest, SessionCall, SessionReply
-from loom.service import Runtime
+from loom.runtime.service import Runtime
+from loom.text import openai_api
 from services.scheduler.jobs import JobManager
 from services.scheduler.openapi import OPENAI_ERROR, answers, body
 from services.scheduler.settings import SchedulerSettings

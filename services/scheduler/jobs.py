@@ -18,8 +18,6 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from loom import results
-from loom.bus import kv_key, kv_keys
 from loom.policies.placement import RoundRobinPlacement
 from loom.protocol import (
     PLAN_KEY,
@@ -35,8 +33,10 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
-from loom.workers import WorkerInfo, read_workers
+from loom.runtime import results
+from loom.runtime.bus import kv_key, kv_keys
+from loom.runtime.service import Runtime
+from loom.runtime.workers import WorkerInfo, read_workers
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import SpecError, expand, resolve_tasks, samples_per_group, work_subject

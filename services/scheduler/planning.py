@@ -7,7 +7,7 @@ import asyncio
 import logging
 import math
 
-from loom.bus import request
+from loom.data.traces import TraceError, load_traces
 from loom.policies.affinity import eligible
 from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.placement import RoundRobinPlacement
@@ -15,8 +15,8 @@ from loom.policies.profiles import placement_profile, placement_weights, tool_se
 from loom.predict import context as predict_context
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Job, Placement, Prediction, PredictRequest, TrajWork, WorkerInfo, subjects
-from loom.service import Runtime
-from loom.traces import TraceError, load_traces
+from loom.runtime.bus import request
+from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from loom.bus import kv_keys
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.intergroup import CoScheduler, RollMux
 from loom.policies.rollmux.job import RLJob
@@ -38,7 +37,8 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
+from loom.runtime.bus import kv_keys
+from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ class SchedulerSettings(LoomSettings):
     # the host and port it listens on (this machine's name where it listens on every interface).
     advertise: str | None = None
     traces_path: str | None = None
-    # REST authentication (loom.auth): the admin's bearer token, and a file of tenants' tokens. With neither
+    # REST authentication (loom.identity.auth): the admin's bearer token, and a file of tenants' tokens. With neither
     # the scheduler does not start.
     api_token: str | None = Field(
         None, validation_alias=AliasChoices("api_token", "LOOM_API_TOKEN"), repr=False

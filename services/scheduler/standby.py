@@ -1,7 +1,7 @@
 """A standby scheduler's REST edge: every request goes to the active scheduler, so the API answers on every
 instance (a load balancer may send a client to any of them).
 
-The active scheduler is the holder of the ``scheduler`` lease (``loom.lease``), whose record carries its
+The active scheduler is the holder of the ``scheduler`` lease (``loom.runtime.lease``), whose record carries its
 address. A standby forwards the request as it came (method, path, query, headers, body) and streams the
 answer back as it comes (server-sent events included: the gateway's streamed completions, the dashboard's
 updates). While no scheduler is active (at start, or in the takeover window: the active one died and its

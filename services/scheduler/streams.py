@@ -28,8 +28,6 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
-from loom import results
-from loom.bus import kv_keys, request, through_failover
 from loom.policies.staleness import AsyncBound, groups_to_start, task_at
 from loom.protocol import (
     AbortRequest,
@@ -54,8 +52,10 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
-from loom.workers import FLEET_MEMBER_S, read_workers
+from loom.runtime import results
+from loom.runtime.bus import kv_keys, request, through_failover
+from loom.runtime.service import Runtime
+from loom.runtime.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import SpecError, group_works, resolve_tasks, samples_per_group, work_subject
 

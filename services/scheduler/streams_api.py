@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from loom.protocol import BatchTaken, StreamSpec, WeightUpdate, to_builtins
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from loom.trainer.buffer import SampleBuffer, StreamClosed, StreamEnded
 from services.scheduler.openapi import answers, body
 from services.scheduler.streams import StreamError, StreamManager

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loom import allowlist
+from loom.data.traces import Trace, TraceError, load_traces
 from loom.envs import registry, tasksets
 from loom.envs.adapters import BadParams, LibraryMissing, UnknownName
 from loom.envs.replay import SIBLINGS
+from loom.identity import allowlist
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork, subjects
 from loom.protocol.messages import BUILTIN_REWARDS
-from loom.traces import Trace, TraceError, load_traces
 
 
 class SpecError(ValueError):
@@ -39,7 +39,7 @@ def resolve_tasks(spec: JobSpec, default_traces: str | None) -> list[TaskSpec]:
         raise SpecError(["dataset"], "give either tasks or dataset, not both")
     if not spec.tasks and spec.dataset is None:
         raise SpecError(["tasks"], "a job needs tasks or a dataset")
-    # Files a client names are read only inside the operator's data directories (loom.allowlist).
+    # Files a client names are read only inside the operator's data directories (loom.identity.allowlist).
     if spec.dataset is not None and spec.dataset.path:
         _allowed(["dataset", "path"], allowlist.check_data_file, spec.dataset.path)
     for n, t in enumerate(spec.tasks):

@@ -20,7 +20,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
-from loom.auth import Principal
+from loom.identity.auth import Principal
 from services.scheduler.dashboard import BrowserSessions, Dashboard
 
 STATIC = Path(__file__).parent / "static"

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom import bus, nats_auth
-from loom.auth import header
+from loom.identity import nats_auth
+from loom.identity.auth import header
+from loom.runtime import bus
 from loom_cli.deploy import free_port
 from tests.conftest import need_shared
 
@@ -45,7 +46,7 @@ class LoomUp:
         return header((self.home / "api_token").read_text().strip())
 
     async def connect(self, role: str, reconnect: bool = False) -> NATS:
-        """A NATS client of this Loom as ``role`` (loom.nats_auth), with the password `loom up` made; it gives
+        """A NATS client of this Loom as ``role`` (loom.identity.nats_auth), with the password `loom up` made; it gives
         up when its server goes unless it should ``reconnect`` (to another server of a cluster)."""
         users = json.loads((self.home / "nats" / nats_auth.USERS_FILE).read_text())
         return await bus.connect(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loom import policy
+from loom import checkpoints as policy
 from tests.conftest import need_shared
 from tests.e2e.conftest import LOOM
 

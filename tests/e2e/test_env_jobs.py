@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from loom import chat
 from loom.envs import actions, hotpotqa, transcript
-from loom.tokenizer import qwen_tokenizer
+from loom.text import chat
+from loom.text.tokenizer import qwen_tokenizer
 from tests.e2e.conftest import LoomUp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -19,10 +19,11 @@ import msgspec
 import openai
 import pytest
 
-from loom import chat, policy
+from loom import checkpoints as policy
 from loom.integrations.trl.rollout import rows_of
 from loom.integrations.verl.samples import sample_of
 from loom.protocol import Trajectory
+from loom.text import chat
 from loom.trainer import grpo
 from loom.trainer.chat_sft import chat_sequence
 from loom.trainer.warmstart import TINY_POLICY, WarmStartConfig, fit

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loom import nats_auth
-from loom.auth import header
-from loom.natsserver import NatsServer
+from loom.identity import nats_auth
+from loom.identity.auth import header
+from loom.runtime.natsserver import NatsServer
 from loom_cli.deploy import DeployConfig, Deployment, free_port, gather_health
 from tests.conftest import need_shared
 from tests.e2e import hosts

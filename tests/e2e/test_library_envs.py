@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loom import chat
+from loom.text import chat
 from tests.e2e.conftest import LoomUp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -15,7 +15,7 @@ import msgspec
 import nats
 import pytest
 
-from loom import nats_auth
+from loom.identity import nats_auth
 from loom.protocol import DeadLetter, decode, subjects
 from tests.e2e.conftest import LOOM, LoomUp, outlive, start_loom_up
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.envs import coin, transcript
 from tests.e2e.conftest import LoomUp, start_loom_up
 
@@ -37,7 +37,7 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
 
 def test_trl_grpo_trainer_trains_on_loom_rollouts(loom_up: LoomUp, tmp_path: Path) -> None:
     from loom.integrations.trl import LoomGRPOTrainer, LoomRollout, loom_reward
-    from loom.tokenizer import hf_tokenizer
+    from loom.text.tokenizer import hf_tokenizer
 
     token = (loom_up.home / "api_token").read_text().strip()
     rollout = LoomRollout(

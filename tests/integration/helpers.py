@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 
 from loom.engine.sim.engine import SimEngine
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from services.router.router import Router

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.genclient import GenClient
 from loom.protocol import GenRequest, Job, JobSpec, PolicySpec, encode, subjects
+from loom.runtime.genclient import GenClient
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.auth import AuthConfigError, header
+from loom.identity.auth import AuthConfigError, header
 from loom.protocol import CancelJob, encode, subjects
 from loom_cli.deploy import free_port
 from services.scheduler.settings import SchedulerSettings
@@ -102,7 +102,7 @@ async def test_a_tenants_quota_counts_its_streams_and_its_jobs(services: Service
 
 
 def test_no_tokens_configured_is_refused_at_start(tmp_path: Path) -> None:
-    from loom.auth import Tokens
+    from loom.identity.auth import Tokens
 
     with pytest.raises(AuthConfigError, match="no API token configured"):
         Tokens.load(None, None)

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom import bus
 from loom.protocol import BatchTaken, DatasetRef, Stream, StreamRef, StreamSpec, decode, subjects
+from loom.runtime import bus
 from loom.trainer.client import StreamClient
 from loom_cli.deploy import free_port
 from tests.conftest import AUTH, Services, need_shared

@@ -7,8 +7,6 @@ import time
 
 from nats.aio.client import Client as NATS
 
-from loom.bus import kv_key
-from loom.genclient import GenClient
 from loom.protocol import (
     PLAN_KEY,
     GenRequest,
@@ -21,6 +19,8 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime.bus import kv_key
+from loom.runtime.genclient import GenClient
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until
 

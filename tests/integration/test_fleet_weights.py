@@ -18,10 +18,8 @@ import pytest
 import torch
 from nats.aio.client import Client as NATS
 
-from loom import policy
-from loom.bus import BusError, request
+from loom import checkpoints as policy
 from loom.engine.clients.hf import HFEngine
-from loom.genclient import GenClient
 from loom.protocol import (
     AbortRequest,
     GenRequest,
@@ -32,7 +30,9 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.service import Runtime
+from loom.runtime.bus import BusError, request
+from loom.runtime.genclient import GenClient
+from loom.runtime.service import Runtime
 from loom.trainer.client import StreamClient
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker

@@ -7,8 +7,6 @@ import asyncio
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.bus import BusError, kv_key, request
-from loom.genclient import GenClient, GenFailed
 from loom.protocol import (
     AbortRequest,
     DeadLetter,
@@ -20,6 +18,8 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime.bus import BusError, kv_key, request
+from loom.runtime.genclient import GenClient, GenFailed
 from services.router.router import Router
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until

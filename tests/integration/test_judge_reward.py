@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.bus import kv_key
 from loom.protocol import RewardRequest, Step, TaskSpec, Trajectory, TrajMeta, decode, subjects
 from loom.rewards.context import RewardContext, RewardError
 from loom.rewards.registry import score
+from loom.runtime.bus import kv_key
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until
 

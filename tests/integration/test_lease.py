@@ -9,8 +9,8 @@ import time
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.bus import ensure_kv
-from loom.lease import Lease, LeaseLost
+from loom.runtime.bus import ensure_kv
+from loom.runtime.lease import Lease, LeaseLost
 
 TTL = 1.5
 

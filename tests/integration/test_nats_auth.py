@@ -15,9 +15,10 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from loom import bus, nats_auth
-from loom.natsserver import NatsServer, refusals
+from loom.identity import nats_auth
 from loom.protocol import CancelJob, TrajDone, decode, encode, subjects
+from loom.runtime import bus
+from loom.runtime.natsserver import NatsServer, refusals
 
 
 @dataclass

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from nats.errors import NoServersError
 
-from loom import bus, nats_auth
-from loom.natsserver import NatsCluster, NatsServer
+from loom.identity import nats_auth
 from loom.protocol import subjects
+from loom.runtime import bus
+from loom.runtime.natsserver import NatsCluster, NatsServer
 
 
 async def _leader(js, stream: str) -> str:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nats
 
-from loom.natsserver import NatsServer
+from loom.runtime.natsserver import NatsServer
 
 
 async def test_a_killed_server_comes_back_with_its_store(tmp_path: Path) -> None:

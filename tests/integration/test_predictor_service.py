@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom.bus import request
 from loom.predict import context
 from loom.protocol import (
     Health,
@@ -27,6 +26,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime.bus import request
 from services.predictor.service import PredictorService
 from services.predictor.settings import PredictorSettings
 from tests.conftest import Services, need_shared

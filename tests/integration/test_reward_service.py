@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom import results
 from loom.protocol import (
     DeadLetter,
     Health,
@@ -32,6 +31,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime import results
 
 ROOT = Path(__file__).resolve().parents[2]
 BUSY = "tests.integration.reward_fns:busy"

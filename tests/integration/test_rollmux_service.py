@@ -15,8 +15,8 @@ import httpx
 import nats
 import pytest
 
-from loom.phases import PhaseClient, PhaseError
 from loom.protocol import TailMigration
+from loom.trainer.phases import PhaseClient, PhaseError
 from loom_cli.deploy import free_port
 from loom_cli.rollmux_demo import DEMO_JOBS, check_timeline
 from services.scheduler.settings import SchedulerSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 from loom.settings import LoomSettings
 
 

@@ -21,9 +21,9 @@ import pytest
 from nats.errors import ConnectionClosedError
 from nats.js.errors import ServiceUnavailableError
 
-from loom import bus, results
-from loom.lease import Holder, lease_bucket
 from loom.protocol import Step, Trajectory
+from loom.runtime import bus, results
+from loom.runtime.lease import Holder, lease_bucket
 from loom_cli.client import LoomClient
 from loom_cli.deploy import free_port
 from services.scheduler.__main__ import Scheduler

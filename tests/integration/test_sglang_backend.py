@@ -19,15 +19,15 @@ import pytest
 import uvicorn
 from nats.aio.client import Client as NATS
 
-from loom.bus import kv_key
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
 from loom.engine.clients.sglang import SGLangEngine, SGLangError, WeightUpdateError
 from loom.engine.fakes.sglang_server import build_app
 from loom.engine.sim.engine import SimEngine
-from loom.genclient import GenClient
 from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
-from loom.service import Runtime
+from loom.runtime.bus import kv_key
+from loom.runtime.genclient import GenClient
+from loom.runtime.service import Runtime
 from loom_cli.simserver import register
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings

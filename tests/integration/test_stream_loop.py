@@ -21,10 +21,10 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from loom import results
-from loom.bus import BusError, request
 from loom.protocol import Stream, StreamRef, StreamSpec, subjects, to_builtins
-from loom.service import Runtime
+from loom.runtime import results
+from loom.runtime.bus import BusError, request
+from loom.runtime.service import Runtime
 from loom.trainer.buffer import Batch, StreamClosed, StreamEnded
 from loom.trainer.client import StreamClient
 from loom_cli.deploy import free_port

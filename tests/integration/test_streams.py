@@ -6,8 +6,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy
 
-from loom import bus, results
 from loom.protocol import Step, Trajectory, encode, subjects
+from loom.runtime import bus, results
 
 
 def _traj(job: str, i: int, status: str = "completed") -> Trajectory:

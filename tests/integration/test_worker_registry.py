@@ -10,9 +10,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
-from loom.bus import kv_keys
 from loom.protocol import WorkerInfo, encode, subjects
-from loom.workers import WorkerRegistry, read_workers
+from loom.runtime.bus import kv_keys
+from loom.runtime.workers import WorkerRegistry, read_workers
 
 FLEET = 256
 STARTS = 20

@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from loom.checkpoints import TINY, build_tiny
 from loom.envs import actions, registry, tasksets
 from loom.envs.base import show
 from loom.envs.math_env import MathEnv
-from loom.policy import TINY, build_tiny
 from loom.sandbox.types import ExecResult
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 from loom.trainer import grpo
 from loom.trainer.warmstart import (
     InProcessCalculator,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom import chat
-from loom.tokenizer import IM_END, IM_START
+from loom.text import chat
+from loom.text.tokenizer import IM_END, IM_START
 
 TOOLS = [{"type": "function", "function": {"name": "guess", "parameters": {"type": "object"}}}]
 

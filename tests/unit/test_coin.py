@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from loom.checkpoints import build_tiny
 from loom.envs import actions, coin
 from loom.envs.actions import ToolCall
 from loom.envs.coin import CoinEnv, CoinTask, clue_play, coin_tasks, open_action, sloppy_action
-from loom.policy import build_tiny
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 from loom.trainer.coin_warmstart import coin_warm_start, demonstration, play_sequence
 from loom.trainer.warmstart import WarmStartConfig
 from tests.conftest import need_shared
@@ -170,7 +170,7 @@ def test_running_out_of_tries_ends_the_game_and_repeats_cost_a_try() -> None:
 def test_warm_start_sequences_are_the_live_transcript() -> None:
     need_shared("data/tokenizer/qwen.tiktoken")
     from loom.envs.transcript import action_text, encode, observation_ids
-    from loom.tokenizer import qwen_tokenizer
+    from loom.text.tokenizer import qwen_tokenizer
 
     task = CoinTask("t", 6, 3, "even", 0, 4)
     f = play_sequence(

@@ -40,7 +40,7 @@ def test_compose_file_is_valid_and_has_every_service() -> None:
 
 
 def test_compose_runs_the_images_loom_images_build_makes_and_pulls_nothing() -> None:
-    from loom import stack_images
+    from loom.sandbox import stack_images
 
     exe = Path(sys.executable).parent / "docker-compose"
     binary = str(exe) if exe.exists() else shutil.which("docker-compose")

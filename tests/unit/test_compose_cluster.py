@@ -57,7 +57,7 @@ def test_the_cluster_variant_renders_three_servers_and_standbys() -> None:
 
 def test_nats_server_takes_the_cluster_flags(tmp_path: Path) -> None:
     """The flags the cluster variant gives, on the real binary: it starts and names its cluster."""
-    from loom.natsserver import find_binary, free_ports
+    from loom.runtime.natsserver import find_binary, free_ports
 
     client, route, http = free_ports(3)
     conf = tmp_path / "nats.conf"

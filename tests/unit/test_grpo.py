@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from loom.policy import TINY, build_tiny
+from loom.checkpoints import TINY, build_tiny
 from loom.protocol.messages import Step, Trajectory
 from loom.trainer import grpo
 from loom.trainer.grpo import GRPOConfig
@@ -42,7 +42,7 @@ def _step(i: int, prompt: list[int] | None, out: list[int] | None, lps: list[flo
 
 
 def _model() -> torch.nn.Module:
-    """A Qwen3 as ``loom.policy`` builds it, with a vocabulary of 64 (pad id 0) to keep the tests fast."""
+    """A Qwen3 as ``loom.checkpoints`` builds it, with a vocabulary of 64 (pad id 0) to keep the tests fast."""
     cfg = {**TINY, "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
     cfg.update(num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.trainer import grpo
 from loom.trainer.grpo import Flat, GRPOConfig
 

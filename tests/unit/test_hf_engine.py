@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.hf import HFEngine
 from loom.engine.clients.hf_batch import Seq, request_generator, sample
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
 PROMPTS = [[(37 * i + 101 * j) % 5000 + 10 for j in range(n)] for i, n in enumerate([5, 17, 30, 11])]
@@ -292,7 +292,7 @@ async def test_close_aborts_everything(engine_at) -> None:
 
 
 def test_rollout_service_builds_it(models, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loom.service import Runtime
+    from loom.runtime.service import Runtime
     from services.rollout.__main__ import make_engine
     from services.rollout.settings import RolloutSettings
 

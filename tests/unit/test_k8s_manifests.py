@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from loom import bus, stack_images
-from loom.nats_auth import ROLES
-from loom.natsserver import container_config, find_binary
+from loom.identity.nats_auth import ROLES
+from loom.runtime import bus
+from loom.runtime.natsserver import container_config, find_binary
+from loom.sandbox import stack_images
 from loom.sandbox.images import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ KUBECTL = shutil.which("kubectl")
 VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 # Native sidecar containers (the Docker sidecar) are on by default from Kubernetes 1.29.
 OLDEST_K8S = "1.29.0"
-HEALTHCHECK = ["python3", "-m", "loom.healthcheck"]
+HEALTHCHECK = ["python3", "-m", "loom.runtime.healthcheck"]
 SECRET_KEYS = {*ROLES, "routes"}
 
 pytestmark = pytest.mark.skipif(

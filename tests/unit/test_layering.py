@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Each unit (a package or module under loom, a service, the CLI) and its layer, lowest first.
 LAYERS: dict[str, int] = {
     "loom.protocol": 0,
+    # What everything reads: settings, the clock, metrics, logs, text (tokenizer, chat), data (traces), checkpoints.
     **dict.fromkeys(
         (
             "loom",
@@ -21,35 +22,14 @@ LAYERS: dict[str, int] = {
             "loom.clock",
             "loom.metrics",
             "loom.logs",
-            "loom.auth",
-            "loom.allowlist",
-            "loom.tokenizer",
-            "loom.chat",
-            "loom.openai_api",
-            "loom.traces",
-            "loom.trace_sets",
-            "loom.policy",
+            "loom.text",
+            "loom.data",
+            "loom.checkpoints",
         ),
         1,
     ),
-    **dict.fromkeys(
-        (
-            "loom.bus",
-            "loom.service",
-            "loom.lease",
-            "loom.workers",
-            "loom.natsserver",
-            "loom.nats_auth",
-            "loom.supervisor",
-            "loom.healthcheck",
-            "loom.lifecycle",
-            "loom.workqueue",
-            "loom.genclient",
-            "loom.results",
-            "loom.phases",
-        ),
-        2,
-    ),
+    # The NATS runtime, and identity (whose NATS users and permissions are written with the runtime's bus).
+    **dict.fromkeys(("loom.runtime", "loom.identity"), 2),
     **dict.fromkeys(
         (
             "loom.policies",
@@ -61,7 +41,6 @@ LAYERS: dict[str, int] = {
             "loom.speculative",
             "loom.trainer",
             "loom.workloads",
-            "loom.stack_images",
         ),
         3,
     ),
@@ -176,7 +155,7 @@ def test_the_check_fails_on_an_upward_import_a_circle_and_a_service_importing_an
     modules = list(sources())
     planted = [
         ("loom.policies.planted", "from services.router.router import Router\n"),
-        ("loom.protocol.planted", "import loom.bus\n"),
+        ("loom.protocol.planted", "import loom.runtime.bus\n"),
         ("services.envmgr.planted", "from services.scheduler import jobs\n"),
         ("loom_cli.planted", "from services.predictor.settings import PredictorSettings\n"),
         ("loom.engine.planted", "from loom.policies import order\n"),  # policies import the engine: a circle
@@ -185,7 +164,7 @@ def test_the_check_fails_on_an_upward_import_a_circle_and_a_service_importing_an
     found = violations(modules + planted)
     assert len(found) == 6, found
     assert "loom.policies.planted imports services.router.router from above it (layer 6 > 3)" in found
-    assert "loom.protocol.planted imports loom.bus from above it (layer 2 > 0)" in found
+    assert "loom.protocol.planted imports loom.runtime.bus from above it (layer 2 > 0)" in found
     assert "services.envmgr.planted imports services.scheduler: a service imports no other" in found
     assert (
         "loom_cli.planted imports services.predictor.settings: the CLI imports no service (it starts them)"

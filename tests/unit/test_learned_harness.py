@@ -10,9 +10,9 @@ import pytest
 from loom.bench.harness import learned
 from loom.bench.harness.cluster import Cluster
 from loom.bench.harness.rollout import run_rollout
+from loom.data.trace_sets import trace_set
+from loom.data.traces import prompt_of
 from loom.protocol import PolicySpec
-from loom.trace_sets import trace_set
-from loom.traces import prompt_of
 from loom.workloads import coding, search
 from loom.workloads.base import Workload
 from tests.conftest import need_shared

@@ -8,8 +8,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from loom import chat, openai_api
-from loom.tokenizer import IM_END
+from loom.text import chat, openai_api
+from loom.text.tokenizer import IM_END
 
 
 def _reply_ids() -> list[int]:

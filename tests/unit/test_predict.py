@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loom.data.traces import Trace, TraceStep
 from loom.predict import context, dataset, evaluate
 from loom.predict.batcher import MicroBatcher
-from loom.traces import Trace, TraceStep
 from tests.conftest import need_shared
 
 
@@ -79,7 +79,7 @@ def test_splits_are_by_task_and_deterministic() -> None:
 
 
 def test_swe_dataset_holds_every_prediction_point() -> None:
-    from loom.traces import load_traces
+    from loom.data.traces import load_traces
 
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     traces = list(load_traces().values())[:5]

@@ -5,12 +5,12 @@ import statistics
 
 import pytest
 
+from loom.data.traces import Trace, TraceError, TraceStep, load_traces
 from loom.envs.replay import ReplayEnv
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Step, ToolLatency, Trajectory
 from loom.rewards.context import RewardError
 from loom.rewards.replay import replay_reward
-from loom.traces import Trace, TraceError, TraceStep, load_traces
 from tests.conftest import need_shared
 
 

@@ -12,14 +12,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from loom import chat
 from loom.clock import Clock
 from loom.envs import registry, tasksets
 from loom.envs.adapters import LibraryError, LibraryMissing
 from loom.envs.adapters import skyrl_gym as sg
 from loom.envs.api import Action, StepResult
 from loom.protocol import GenRequest, GenResult, JobSpec, TaskSpec, ToolLatency, TrajWork
-from loom.tokenizer import IM_END
+from loom.text import chat
+from loom.text.tokenizer import IM_END
 from services.envmgr.context import LoopContext
 from services.envmgr.user_loop import run_user_env
 from services.scheduler.tasks import SpecError, resolve_tasks

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from loom import chat, openai_api
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.hf import HFEngine
 from loom.engine.sim.engine import _with_ids
 from loom.engine.token_ids import QWEN3_VOCAB, synth_top_logprobs
 from loom.protocol import from_json
 from loom.protocol.sessions import ChatRequest, CompletionRequest
-from loom.tokenizer import ENDOFTEXT, IM_END, chat_tokenizer
+from loom.text import chat, openai_api
+from loom.text.tokenizer import ENDOFTEXT, IM_END, chat_tokenizer
 from tests.integration.test_sglang_backend import _backend
 from tests.unit.test_hf_engine import PROMPTS, engine_at, full_logits, models, req  # noqa: F401
 

@@ -6,7 +6,7 @@ import signal
 import sys
 from pathlib import Path
 
-from loom.supervisor import ProcSpec, Supervisor
+from loom.runtime.supervisor import ProcSpec, Supervisor
 
 
 async def test_killed_process_is_restarted_and_stop_ends_all(tmp_path: Path) -> None:

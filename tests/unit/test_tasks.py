@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from loom.data.traces import load_traces
 from loom.envs import tasksets
 from loom.protocol import DatasetRef, JobSpec, RewardRequest, TaskSpec, Trajectory
 from loom.rewards.context import ground_truth
-from loom.traces import load_traces
 from services.scheduler.tasks import SpecError, expand, resolve_tasks
 from tests.conftest import need_shared
 

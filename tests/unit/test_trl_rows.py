@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loom.protocol import Step, Trajectory
-from loom.tokenizer import ENDOFTEXT
+from loom.text.tokenizer import ENDOFTEXT
 
 pytest.importorskip("trl", reason="the trl extra (make install installs it)")
 

@@ -7,8 +7,8 @@ import json
 
 from loom_guess import Guess
 
-from loom import chat
 from loom.envs.api import Action, StepResult
+from loom.text import chat
 from services.envmgr.user_loop import EnvBroken, observation_messages
 
 

@@ -18,14 +18,14 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from nats.aio.client import Client as NATS
 
-from loom.bus import kv_key
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
 from loom.engine.clients.vllm import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
 from loom.engine.fakes.vllm_server import build_app, sim_engine
-from loom.genclient import GenClient
 from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
-from loom.service import Runtime
+from loom.runtime.bus import kv_key
+from loom.runtime.genclient import GenClient
+from loom.runtime.service import Runtime
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker

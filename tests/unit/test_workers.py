@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loom.protocol import WorkerInfo
-from loom.workers import FLEET_MEMBER_S, LIVENESS_S, is_live
+from loom.runtime.workers import FLEET_MEMBER_S, LIVENESS_S, is_live
 
 
 def _info(heartbeat_at: float) -> WorkerInfo:

@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from loom.tokenizer import count_tokens, qwen_tokenizer
-from loom.trace_sets import parse_runs
-from loom.traces import TraceStep, load_traces
+from loom.data.trace_sets import parse_runs
+from loom.data.traces import TraceStep, load_traces
+from loom.text.tokenizer import count_tokens, qwen_tokenizer
 from loom.workloads import coding, search, tool_use
 from loom.workloads.base import MAX_OUTPUT, WorkStep, cap_output
 from loom.workloads.siblings import SIGMA_CALLS, SIGMA_PER_CALL, vary, within_group_sigmas

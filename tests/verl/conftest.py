@@ -27,8 +27,8 @@ PROMPT_LENGTH, RESPONSE_LENGTH = 96, 48
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The policy verl's config names (``actor_rollout_ref.model.path``): a tiny Qwen3's config and Qwen's
     tokenizer, which pads with <|endoftext|> as Loom does."""
-    from loom import policy
-    from loom.tokenizer import hf_tokenizer
+    from loom import checkpoints as policy
+    from loom.text.tokenizer import hf_tokenizer
 
     d = tmp_path_factory.mktemp("policy")
     config = policy.tiny_config(**SMALL)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from loom.protocol import Step, Trajectory
-from loom.tokenizer import ENDOFTEXT
+from loom.text.tokenizer import ENDOFTEXT
 from tests.verl.conftest import PROMPT_LENGTH, QUIET, RESPONSE_LENGTH
 
 pytestmark = QUIET

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.protocol import Step, Trajectory
 from loom.trainer import grpo
 from loom.trainer.grpo import GRPOConfig

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from loom import policy
-from loom.allowlist import CODE_ALLOW_ENV
+from loom import checkpoints as policy
 from loom.envs import coin, transcript
+from loom.identity.allowlist import CODE_ALLOW_ENV
 from loom.trainer import grpo
 from tests.e2e.conftest import LoomUp, start_loom_up
 from tests.verl.conftest import PROMPT_LENGTH, QUIET, RESPONSE_LENGTH, SMALL

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loom.data.trace_sets import trace_set
+from loom.data.traces import Trace, prompt_of
 from loom.speculative.drafter import MAX_N, Drafter, SuffixIndex, Tally
-from loom.tokenizer import IM_END, qwen_tokenizer
-from loom.trace_sets import trace_set
-from loom.traces import Trace, prompt_of
+from loom.text.tokenizer import IM_END, qwen_tokenizer
 
 SOURCES = ("own", "siblings", "history", "corpus")
 HISTORY_TRIALS = 2

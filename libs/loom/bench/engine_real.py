@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.engine.base import EngineRequest
 from loom.engine.clients.hf import HFEngine
 from loom.envs import actions
@@ -33,7 +33,7 @@ from loom.envs.tasksets import MathTask, arith
 from loom.envs.transcript import encode, observation_ids
 from loom.settings import cache_dir
 from loom.speculative.drafter import Tally
-from loom.tokenizer import STOP_IDS, qwen_tokenizer
+from loom.text.tokenizer import STOP_IDS, qwen_tokenizer
 from loom.trainer.warmstart import TINY_POLICY, InProcessCalculator, WarmStartConfig, warm_start
 
 GROUP = 8

@@ -60,12 +60,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from loom import bus, nats_auth
-from loom.auth import header, new_token
 from loom.bench.registry import Benchmark
-from loom.healthcheck import gather
-from loom.lifecycle import free_port
-from loom.natsserver import NatsCluster, NatsServer
+from loom.data.traces import load_traces
+from loom.identity import nats_auth
+from loom.identity.auth import header, new_token
 from loom.protocol import (
     PRESETS,
     DecodeError,
@@ -77,8 +75,11 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.supervisor import ProcSpec, Supervisor
-from loom.traces import load_traces
+from loom.runtime import bus
+from loom.runtime.healthcheck import gather
+from loom.runtime.lifecycle import free_port
+from loom.runtime.natsserver import NatsCluster, NatsServer
+from loom.runtime.supervisor import ProcSpec, Supervisor
 
 SERVICES = ("scheduler", "router", "predictor", "envmgr", "reward")
 # Every process a figure is kept for: the services, the worker fleet's processes and the nats-servers.

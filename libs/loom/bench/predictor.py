@@ -84,10 +84,10 @@ def _train(examples: Any, out: Path, minutes: float, seed: int, method: str, epo
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from loom.data.traces import load_traces
     from loom.predict import dataset
     from loom.predict.history import HistoryPredictor
     from loom.predict.onnx_model import OnnxRegressor
-    from loom.traces import load_traces
 
     console = Console(stderr=True)
     started = time.monotonic()
@@ -220,7 +220,7 @@ def _latency(
     model_path: Path, examples: Sequence[Any], traces: Sequence[Any], repeats: int
 ) -> dict[str, Any]:
     from loom.predict import context
-    from loom.tokenizer import qwen_tokenizer
+    from loom.text.tokenizer import qwen_tokenizer
 
     # 32 windows of 2,048 tokens (the prompt's head and the context's tail) from the test split.
     full = [e.ids for e in examples if len(e.ids) == context.HEAD_TOKENS + context.TAIL_TOKENS]

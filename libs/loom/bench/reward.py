@@ -36,10 +36,8 @@ from nats.aio.msg import Msg
 from rich.console import Console
 from rich.table import Table
 
-from loom import bus
 from loom.bench.registry import Benchmark
 from loom.envs import tasksets
-from loom.natsserver import NatsServer
 from loom.protocol import (
     Health,
     RewardRequest,
@@ -51,6 +49,8 @@ from loom.protocol import (
     encode,
     subjects,
 )
+from loom.runtime import bus
+from loom.runtime.natsserver import NatsServer
 from loom.sandbox import SandboxUnavailable
 from loom.sandbox.engine import ensure_engine
 from loom.sandbox.images import DEFAULT_IMAGE, build

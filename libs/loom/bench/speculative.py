@@ -17,7 +17,7 @@ from rich.table import Table
 
 from loom.bench.acceptance import SOURCES, measure, workload_cases
 from loom.bench.registry import Benchmark
-from loom.trace_sets import SETS
+from loom.data.trace_sets import SETS
 
 ALL = "all"
 FIXED = (2, 4, 8)

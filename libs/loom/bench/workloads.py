@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from loom.data.traces import load_traces
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import placement_profile
-from loom.traces import load_traces
 from loom.workloads.coding import TOOL_MEAN_S
 
 

@@ -42,9 +42,9 @@ from typing import Any, ClassVar
 
 from msgspec import Struct
 
-from loom.chat import Message, ToolCall
 from loom.envs.base import EnvError
 from loom.sandbox import Sandbox
+from loom.text.chat import Message, ToolCall
 
 __all__ = ["Action", "EnvError", "Environment", "Message", "StepResult", "ToolCall"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from loom.traces import HOTPOTQA_LOGS, open_text
+from loom.data.traces import HOTPOTQA_LOGS, open_text
 
 DEFAULT_PATH = HOTPOTQA_LOGS
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")

@@ -29,7 +29,7 @@ from loom.envs.adapters import Adapter
 from loom.envs.base import Env
 from loom.protocol import TaskSpec, subjects
 from loom.sandbox import Sandbox
-from loom.tokenizer import count_tokens
+from loom.text.tokenizer import count_tokens
 
 # Which per-trajectory loop of the environment manager runs a kind: the built-in environments' (``env``,
 # services.envmgr.env_loop), a user environment's (``user``), trace replay, or an external agent's.

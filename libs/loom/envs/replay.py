@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from loom.data.traces import Trace
 from loom.protocol import ToolLatency
-from loom.traces import Trace
 from loom.workloads.base import lognormal
 from loom.workloads.siblings import vary
 

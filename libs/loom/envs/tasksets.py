@@ -11,8 +11,8 @@ from pathlib import Path
 
 from msgspec import Struct
 
+from loom.data.traces import open_text
 from loom.settings import default_shared_dir
-from loom.traces import open_text
 
 TASKS = default_shared_dir() / "data" / "tasks"
 FILES = {

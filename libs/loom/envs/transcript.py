@@ -7,7 +7,7 @@ text that followed. A supervised warm start builds its sequences with the same f
 
 from __future__ import annotations
 
-from loom.tokenizer import STOP_IDS, qwen_tokenizer
+from loom.text.tokenizer import STOP_IDS, qwen_tokenizer
 
 
 def encode(text: str) -> list[int]:

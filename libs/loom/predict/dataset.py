@@ -14,9 +14,9 @@ from typing import Literal
 
 import numpy as np
 
+from loom.data.traces import Trace, prompt_of
 from loom.predict import context
-from loom.tokenizer import qwen_tokenizer
-from loom.traces import Trace, prompt_of
+from loom.text.tokenizer import qwen_tokenizer
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")

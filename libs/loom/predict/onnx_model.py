@@ -16,7 +16,7 @@ import onnxruntime as ort
 from loom.predict import context
 from loom.predict.dataset import Example
 from loom.predict.evaluate import log_error_sd, log_slope
-from loom.tokenizer import qwen_tokenizer
+from loom.text.tokenizer import qwen_tokenizer
 
 
 @dataclass(frozen=True)

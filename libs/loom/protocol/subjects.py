@@ -186,7 +186,7 @@ def group_restarted_key(job_id: str, group: int) -> str:
 KV_WORKERS = "loom_workers"
 KV_RLJOBS = "loom_rljobs"
 KV_STREAMS = "loom_streams"  # rollout streams (loom.protocol.Stream), key = stream id
-# Leases of the services one instance of which acts at a time (loom.lease), key = the service.
+# Leases of the services one instance of which acts at a time (loom.runtime.lease), key = the service.
 KV_LEASES = "loom_leases"
 KV_WEIGHTS = "loom_weights"  # the weights each model's fleet serves (FleetWeights), key = model  # co-scheduled RL job specs, replayed in order on restart
 

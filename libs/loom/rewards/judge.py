@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from loom.genclient import GenClient
 from loom.protocol import GenRequest, RewardRequest
 from loom.rewards.context import RewardContext, RewardError, ground_truth, response_text
-from loom.tokenizer import qwen_tokenizer
+from loom.runtime.genclient import GenClient
+from loom.text.tokenizer import qwen_tokenizer
 
 PROMPT = """You are a strict grader. Judge whether the answer solves the question{ref_clause}.
 Think briefly, then end with a line "Score: N" where N is an integer from 0 (wrong) to {scale} (fully correct).

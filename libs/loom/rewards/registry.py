@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loom import allowlist
+from loom.identity import allowlist
 from loom.protocol import RewardRequest
 from loom.rewards.code_reward import code_reward
 from loom.rewards.context import RewardContext, RewardError, ground_truth, response_text

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loom.data.traces import load_traces
 from loom.protocol import Trajectory
 from loom.rewards.context import RewardError
-from loom.traces import load_traces
 
 
 def replay_reward(traj: Trajectory, traces_path: str | Path | None = None) -> float:

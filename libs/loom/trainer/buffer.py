@@ -20,9 +20,9 @@ from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from loom import bus
 from loom.policies.staleness import AsyncBound
 from loom.protocol import BatchTaken, DecodeError, SampleGroup, Stream, Trajectory, decode, subjects
+from loom.runtime import bus
 
 log = logging.getLogger(__name__)
 

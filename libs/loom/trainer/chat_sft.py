@@ -2,7 +2,7 @@
 (with tools) exactly as a live trajectory would hold them.
 
 A chat becomes one sequence built as the environment manager and the gateway grow a context
-(``loom.chat``): Qwen3's template over the messages before the first assistant turn, then each assistant
+(``loom.text.chat``): Qwen3's template over the messages before the first assistant turn, then each assistant
 turn as the model writes it with its end token (the loss is on these), then what follows it as
 ``continuation`` renders it. ``loom.trainer.warmstart.fit`` trains on them.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from loom import chat
-from loom.tokenizer import IM_END
+from loom.text import chat
+from loom.text.tokenizer import IM_END
 from loom.trainer.grpo import Flat
 
 

@@ -26,8 +26,6 @@ from typing import Any, TypeVar
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
-from loom import bus
-from loom.lease import lease_ttl
 from loom.protocol import (
     BatchTaken,
     Stream,
@@ -37,6 +35,8 @@ from loom.protocol import (
     WeightUpdateResult,
     subjects,
 )
+from loom.runtime import bus
+from loom.runtime.lease import lease_ttl
 from loom.trainer.buffer import Batch, SampleBuffer
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 async def _ask(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
     """``bus.request``, waiting out a scheduler that is not there yet and a bus that fails over. A scheduler
-    starting, or a standby taking over from a dead one (``loom.lease``), answers no one for a moment; one whose
+    starting, or a standby taking over from a dead one (``loom.runtime.lease``), answers no one for a moment; one whose
     JetStream write found no stream leader (a nats-server of a cluster died) answers ``FAILOVER``. Either way
     the request did nothing, so asking again is safe, even for a request that is not idempotent."""
     start = time.monotonic()

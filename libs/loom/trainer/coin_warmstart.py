@@ -32,7 +32,7 @@ from loom.envs import actions
 from loom.envs.base import Observation
 from loom.envs.coin import CoinEnv, CoinTask, blind_play, clue_play, open_action, prompt, sloppy_action
 from loom.envs.transcript import encode, observation_ids
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 from loom.trainer.grpo import Batch, Flat, collate
 from loom.trainer.warmstart import WarmStartConfig, fit
 

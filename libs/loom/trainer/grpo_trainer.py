@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.trainer.buffer import Batch as StreamBatch
 from loom.trainer.grpo import GRPOConfig, collate, flatten, group_advantages, make_optimizer, train_step
 

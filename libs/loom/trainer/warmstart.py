@@ -41,11 +41,11 @@ from loom.envs.math_env import SYSTEM, MathEnv
 from loom.envs.tasksets import MathTask
 from loom.envs.transcript import encode, observation_ids
 from loom.sandbox.types import ExecResult
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 from loom.trainer.grpo import Batch, Flat, collate, output_embeddings, sequence_logprobs
 
-# The tiny policy the recipe was measured with: ``loom.policy.build_tiny(seed, **TINY_POLICY)`` (hidden 128,
-# 4 layers, 4 heads of 32). Two changes from ``loom.policy.TINY``, both for copying numbers: a key/value head
+# The tiny policy the recipe was measured with: ``loom.checkpoints.build_tiny(seed, **TINY_POLICY)`` (hidden 128,
+# 4 layers, 4 heads of 32). Two changes from ``loom.checkpoints.TINY``, both for copying numbers: a key/value head
 # per query head (with 2 shared ones, the observation-to-answer copy failed to form in 2 of 3 seeds), and
 # RoPE base 500 instead of 10,000, which gives more rotary frequencies that resolve offsets of 10-40 tokens
 # (copying ignited by step ~60-80 in 3 of 3 seeds; with 10,000 it stalled in 1 of 3 within 220 steps).

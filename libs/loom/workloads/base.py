@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from loom.traces import Trace, TraceStep, prompt_of
+from loom.data.traces import Trace, TraceStep, prompt_of
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
@@ -42,7 +42,7 @@ class WorkTraj:
     steps: tuple[WorkStep, ...]
     reward: float | None = None
     task: str = ""  # the workload it came from, for multi-task batches and hardware affinity
-    trace: str = ""  # the recorded trajectory it replays (``loom.trace_sets``)
+    trace: str = ""  # the recorded trajectory it replays (``loom.data.trace_sets``)
     # The recorded step each step replays (a sibling drops or repeats some); empty: step k replays step k.
     origin: tuple[int, ...] = ()
 

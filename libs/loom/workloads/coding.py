@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from loom.traces import load_traces
+from loom.data.traces import load_traces
 from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal, replay
 from loom.workloads.siblings import vary
 

@@ -1,4 +1,4 @@
-"""Search: ReAct agents on HotpotQA (100 questions x 5 trials, Reflexion's logs; ``loom.trace_sets``).
+"""Search: ReAct agents on HotpotQA (100 questions x 5 trials, Reflexion's logs; ``loom.data.trace_sets``).
 
 The trials of a question are the samples of its group: real runs of the same prompt, though the logged agent
 was nearly deterministic, so only 26 of the 100 groups differ between trials. Groups larger than the 5 trials
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from loom.trace_sets import search_traces
+from loom.data.trace_sets import search_traces
 from loom.workloads.base import Workload, group_traces, lognormal, replay
 
 TOOL_MEAN_S = 1.42

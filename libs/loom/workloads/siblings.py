@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loom.traces import TraceStep
+from loom.data.traces import TraceStep
 from loom.workloads.base import Workload
 
 SIGMA_CALLS = 0.334

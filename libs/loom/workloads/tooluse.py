@@ -1,5 +1,5 @@
 """Tool use: tau-bench airline (GPT-4o), 40 tasks x 4 trials: real samples of the same prompt (groups
-larger than 4 replay the trials in turn, each replay with its own tool times; ``loom.trace_sets``).
+larger than 4 replay the trials in turn, each replay with its own tool times; ``loom.data.trace_sets``).
 
 What follows a call is either a tool (the airline API, in-process Python: mean 0.05 s like Heddle's math
 tools) or the simulated user, itself an LLM whose reply is modelled as 0.3 s plus 20 ms per token of its
@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from loom.tokenizer import count_tokens
-from loom.trace_sets import tool_use_traces
-from loom.traces import TraceStep
+from loom.data.trace_sets import tool_use_traces
+from loom.data.traces import TraceStep
+from loom.text.tokenizer import count_tokens
 from loom.workloads.base import Workload, group_traces, lognormal, replay
 
 TOOL_MEAN_S = 0.05

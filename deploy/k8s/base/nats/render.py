@@ -1,6 +1,6 @@
 """Makes nats-server's configuration when a NATS pod starts (the init container, on Loom's own image): the
 cluster template beside this file, the routes' password put in, and Loom's users appended exactly as
-``loom up`` and compose make them (``loom.nats_auth.authorization``: one user per role, with its subject
+``loom up`` and compose make them (``loom.identity.nats_auth.authorization``: one user per role, with its subject
 permissions) with the passwords of the Secret ``loom-nats-users`` (one key per role, and ``routes``).
 
 usage: python3 render.py TEMPLATE SECRET_DIR OUTPUT
@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from loom.nats_auth import ROLES, authorization
+from loom.identity.nats_auth import ROLES, authorization
 
 MIN_LEN = 16
 # The routes' password sits in the route URLs: URL-safe characters only.

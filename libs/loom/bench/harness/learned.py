@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from loom import trace_sets
+from loom.data import trace_sets
+from loom.data.traces import Trace, prompt_of
 from loom.predict.onnx_model import meta_path
-from loom.traces import Trace, prompt_of
 from loom.workloads.base import Workload, WorkTraj
 
 FOLDS = 5
@@ -57,8 +57,8 @@ QUERY_VERSION = 1
 
 def _code_version() -> str:
     """The source of the library code a model depends on: a change to any of it is a different model."""
+    import loom.data.traces as traces
     import loom.predict as predict
-    import loom.traces as traces
 
     files = [Path(trace_sets.__file__), Path(traces.__file__)]
     pkg = Path(predict.__file__).parent

@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedModel
 
-from loom import policy
+from loom import checkpoints as policy
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.clients.hf_batch import (
     BatchKV,

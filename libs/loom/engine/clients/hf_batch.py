@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.tokenizer import STOP_IDS
+from loom.text.tokenizer import STOP_IDS
 
 FinishReason = Literal["length", "stop", "abort"]
 

@@ -23,7 +23,7 @@ import httpx
 from loom.integrations.jobs import checked, collect, slots
 from loom.protocol import Trajectory
 from loom.protocol.messages import TERMINAL_JOB_STATES
-from loom.tokenizer import ENDOFTEXT
+from loom.text.tokenizer import ENDOFTEXT
 from loom.trainer.grpo import flatten
 
 

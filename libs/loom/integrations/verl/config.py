@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from loom.tokenizer import ENDOFTEXT
+from loom.text.tokenizer import ENDOFTEXT
 
 
 class LoomConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loom.lifecycle import dies_with_me
+from loom.runtime.lifecycle import dies_with_me
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
 from transformers.utils import logging as hf_logging
 
-from loom.tokenizer import ENDOFTEXT
+from loom.text.tokenizer import ENDOFTEXT
 
 # transformers patches torch's init functions process-wide while it builds a model (to skip initialising
 # weights it is about to load): two loads at once on two threads leave one model with garbage weights.

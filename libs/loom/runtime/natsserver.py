@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.bus import MAX_PAYLOAD
-from loom.lifecycle import dies_with_me
+from loom.runtime.bus import MAX_PAYLOAD
+from loom.runtime.lifecycle import dies_with_me
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ REFUSALS = {
 
 def refusals(log_path: Path) -> dict[str, int]:
     """Refusals nats-server logged (``log_path``), counted by kind: clients with a wrong or no password,
-    and publishes and subscriptions outside a user's permissions (``loom.nats_auth``)."""
+    and publishes and subscriptions outside a user's permissions (``loom.identity.nats_auth``)."""
     counts = dict.fromkeys(REFUSALS, 0)
     if not log_path.exists():
         return counts
@@ -122,7 +122,7 @@ class NatsServer:
         cluster: Cluster | None = None,
         http_port: int | None = None,
     ) -> None:
-        """``authorization``: the users block (``loom.nats_auth.authorization``); empty: anyone may connect.
+        """``authorization``: the users block (``loom.identity.nats_auth.authorization``); empty: anyone may connect.
         ``cluster``: this server's place in a cluster (``NatsCluster``); ``http_port``: its monitoring port."""
         self.data_dir = Path(data_dir)
         self.authorization = authorization

@@ -48,7 +48,7 @@ def default_swe_path() -> Path:
     return default_shared_dir() / SWE_TRACES
 
 
-# Reflexion's ReAct logs of HotpotQA: the search traces (loom.trace_sets) and the search environment's questions
+# Reflexion's ReAct logs of HotpotQA: the search traces (loom.data.trace_sets) and the search environment's questions
 # and corpus (loom.envs.hotpotqa) both read them.
 HOTPOTQA_LOGS = default_shared_dir() / "data" / "traces" / "hotpotqa-react-100q-5trials.txt.gz"
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loom import chat
-from loom.tokenizer import chat_tokenizer
+from loom.text import chat
+from loom.text.tokenizer import chat_tokenizer
 
 
 def error(status: int, message: str, param: str | None = None) -> dict[str, Any]:

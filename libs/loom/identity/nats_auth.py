@@ -11,7 +11,7 @@ and subscribe only where its part of the system needs (the subjects are in ``loo
   or register a worker;
 - ``operator`` (``loom status``, health checks) asks services for their health and metrics.
 
-Every role's replies arrive under its own inbox prefix (``loom.bus.inbox_prefix``), the only inboxes it may
+Every role's replies arrive under its own inbox prefix (``loom.runtime.bus.inbox_prefix``), the only inboxes it may
 subscribe to. The router and rollout workers send a generation's results to the caller's inbox named in
 the request, so they may publish to the environment manager's and the reward service's inboxes.
 
@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.bus import inbox_prefix
-from loom.natsserver import container_config
 from loom.protocol import subjects
+from loom.runtime.bus import inbox_prefix
+from loom.runtime.natsserver import container_config
 
 SERVICES = subjects.SERVICES
 TRAINER = "trainer"
@@ -52,7 +52,7 @@ def _kv(*buckets: str) -> tuple[str, ...]:
 
 
 def _lease(service: str) -> str:
-    """The one key of the lease bucket a service writes: its own lease (loom.lease), no other's."""
+    """The one key of the lease bucket a service writes: its own lease (loom.runtime.lease), no other's."""
     return f"$KV.{subjects.KV_LEASES}.{service}"
 
 
@@ -318,7 +318,7 @@ def main(argv: list[str]) -> int:
     for the passwords kept in DIR (made there first if missing), for a NATS cluster of your own: every server
     takes the same block, and each service its role's password from DIR/users.json."""
     if len(argv) != 2 or argv[0] not in ("compose", "authorization"):
-        print("usage: python3 -m loom.nats_auth {compose|authorization} DIRECTORY", file=sys.stderr)
+        print("usage: python3 -m loom.identity.nats_auth {compose|authorization} DIRECTORY", file=sys.stderr)
         return 2
     if argv[0] == "compose":
         write_compose_secrets(Path(argv[1]))

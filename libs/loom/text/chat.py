@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from loom.tokenizer import ENDOFTEXT, IM_END, chat_tokenizer
+from loom.text.tokenizer import ENDOFTEXT, IM_END, chat_tokenizer
 
 Message = dict[str, Any]
 

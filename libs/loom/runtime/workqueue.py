@@ -13,7 +13,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from loom.service import Runtime
+from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
 

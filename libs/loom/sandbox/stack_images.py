@@ -25,8 +25,8 @@ from pathlib import Path
 import aiodocker
 
 import loom
-from loom.nats_auth import COMPOSE_UIDS, NATS_UID
-from loom.natsserver import container_config, find_binary
+from loom.identity.nats_auth import COMPOSE_UIDS, NATS_UID
+from loom.runtime.natsserver import container_config, find_binary
 from loom.sandbox.docker_backend import docker_url
 from loom.sandbox.images import PYTHON, Recipe, copy_rootfs, import_tree, run_step, tmpdir, wheelhouse
 from loom.sandbox.types import SandboxError

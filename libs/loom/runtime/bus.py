@@ -85,7 +85,7 @@ async def connect(
     """Connect and keep reconnecting forever; a service outlives NATS restarts. ``url`` may list several
     servers of a cluster, comma-separated: the client connects to one and moves to another when it goes.
     ``credentials`` (user, password), else any in the URL (``nats://user:password@host:port``), name the
-    client's role on a server with authentication (``loom.nats_auth``); its replies then come back under
+    client's role on a server with authentication (``loom.identity.nats_auth``); its replies then come back under
     its role's own inbox prefix, the only inboxes it may subscribe to."""
     client: list[NATS] = []
 

@@ -16,9 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from loom.data.traces import HOTPOTQA_LOGS, Trace, TraceStep, load_traces, open_text, prompt_of
 from loom.settings import default_shared_dir
-from loom.tokenizer import count_tokens
-from loom.traces import HOTPOTQA_LOGS, Trace, TraceStep, load_traces, open_text, prompt_of
+from loom.text.tokenizer import count_tokens
 
 SETS = ("coding", "search", "tool_use")
 TAU_TRACES = "data/traces/tau-bench-airline-gpt4o.json.gz"

@@ -21,10 +21,11 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from prometheus_client import start_http_server
 
-from loom import __version__, bus, logs
+from loom import __version__, logs
 from loom.clock import Clock
 from loom.metrics import Metrics
 from loom.protocol import DeadLetter, DecodeError, ErrorReply, Health, decode, encode, subjects
+from loom.runtime import bus
 from loom.settings import LoomSettings
 
 log = logging.getLogger(__name__)

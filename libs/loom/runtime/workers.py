@@ -16,8 +16,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from loom.bus import kv_keys
 from loom.protocol import DecodeError, WorkerInfo, decode, subjects
+from loom.runtime.bus import kv_keys
 
 log = logging.getLogger(__name__)
 

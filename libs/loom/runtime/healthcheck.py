@@ -1,5 +1,5 @@
 """Health over NATS: ``gather`` asks every instance of every service (``loom status``, ``loom up``), and
-``python3 -m loom.healthcheck`` is a container's healthcheck (compose.yaml): exit 0 when a Loom service in
+``python3 -m loom.runtime.healthcheck`` is a container's healthcheck (compose.yaml): exit 0 when a Loom service in
 this container answers with ``ok``. Instance names start with the host name, which in a container is the
 container's own. Exit 1 otherwise, saying why on stderr."""
 
@@ -10,8 +10,8 @@ import socket
 import sys
 import time
 
-from loom import bus
 from loom.protocol import DecodeError, Health, decode, subjects
+from loom.runtime import bus
 from loom.settings import LoomSettings
 
 

@@ -25,8 +25,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from loom.bus import ensure_kv
 from loom.protocol import subjects
+from loom.runtime.bus import ensure_kv
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The recorded data workloads replay: traces of trajectories, and the named trace sets."""
