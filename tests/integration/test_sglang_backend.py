@@ -8,15 +8,12 @@ import asyncio
 import contextlib
 import json
 import re
-import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import uvicorn
 from nats.aio.client import Client as NATS
 
 from loom.clock import Clock
@@ -24,81 +21,41 @@ from loom.engine.base import EngineRequest
 from loom.engine.clients.sglang import SGLangEngine, SGLangError, WeightUpdateError
 from loom.engine.fakes.sglang_server import build_app
 from loom.engine.sim.engine import SimEngine
-from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
-from loom.runtime.bus import kv_key
-from loom.runtime.genclient import GenClient
 from loom.runtime.service import Runtime
 from loom_cli.simserver import register
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings
-from services.rollout.worker import RolloutWorker
-from services.router.router import Router
-from services.router.settings import RouterSettings
+from tests import sim_servers
 from tests.conftest import Services
 from tests.integration.helpers import until
+from tests.sim_servers import request as _req
+from tests.sim_servers import served_through_the_router, sim_server_process, started
 
 SPEED = 500.0
 MODEL = "qwen3-0.6b"
 
 
-class SimServer:
+class SimServer(sim_servers.SimServer):
     """The compat server on a free port, uvicorn in-process, over a sped-up simulated engine."""
 
     def __init__(self, max_running: int = 64) -> None:
-        self.engine = SimEngine(model=MODEL, clock=Clock(SPEED), max_running=max_running)
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(build_app(self.engine), log_level="warning"))
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> SimServer:
-        await self.engine.start()
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        await until(lambda: self._server.started, poll_s=0.01)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            await self._task
-        await self.engine.close()
-        self._sock.close()
+        engine = SimEngine(model=MODEL, clock=Clock(SPEED), max_running=max_running)
+        super().__init__(engine, build_app(engine))
 
 
 @contextlib.asynccontextmanager
 async def _backend(max_running: int = 64) -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
-    async with SimServer(max_running) as server:
-        client = SGLangEngine(server.url, model=MODEL, poll_s=0.05)
-        await client.start()
-        try:
-            yield server, client
-        finally:
-            await client.close()
+    async with (
+        SimServer(max_running) as server,
+        started(SGLangEngine(server.url, model=MODEL, poll_s=0.05)) as c,
+    ):
+        yield server, c
 
 
 @pytest.fixture
 async def backend() -> AsyncIterator[tuple[SimServer, SGLangEngine]]:
     async with _backend() as pair:
         yield pair
-
-
-def _req(
-    rid: str,
-    n: int = 200,
-    key: str | None = None,
-    input_len: int = 1000,
-    priority: float = 0,
-    logprobs: bool = False,
-) -> EngineRequest:
-    return EngineRequest(
-        rid=rid,
-        input_len=input_len,
-        max_new_tokens=n,
-        prefix_key=key or rid,
-        ignore_eos=True,
-        priority=priority,
-        return_logprob=logprobs,
-    )
 
 
 async def _post(url: str, body: object) -> tuple[int, str]:
@@ -443,34 +400,12 @@ async def test_sim_server_command_serves_until_sigterm() -> None:
         50.0,
     )
 
-    code = (
-        "import argparse, sys; from loom_cli.simserver import register; p = argparse.ArgumentParser(); "
-        "register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.run(a))"
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        "sim-server",
-        "--port",
-        "0",
-        "--model",
-        MODEL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
-        url = re.search(r"http://\S+", line)
-        assert url, line
-        async with aiohttp.ClientSession() as s, s.get(url.group(0) + "/get_model_info") as r:
-            assert (await r.json())["model_path"] == MODEL
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    async with (
+        sim_server_process("--model", MODEL) as (url, _),
+        aiohttp.ClientSession() as http,
+        http.get(url + "/get_model_info") as r,
+    ):
+        assert (await r.json())["model_path"] == MODEL
 
 
 # A rollout worker over NATS, driving the server as it would drive SGLang
@@ -484,49 +419,4 @@ def test_the_sglang_engine_needs_a_url() -> None:
 async def test_a_request_through_the_router_is_served_by_sglang(nc: NATS, services: Services) -> None:
     async with SimServer() as server:
         settings = RolloutSettings(worker_id="wsg", engine="sglang", sglang_url=server.url, speed=SPEED)
-        settings.keepalive_s = 0.2
-        await services.start(
-            "wsg", "rollout", settings, lambda rt: RolloutWorker(rt, settings, make_engine(rt, settings))
-        )
-        holder: list[Router] = []
-
-        def build_router(rt: Runtime) -> Router:
-            holder.append(Router(rt, RouterSettings(registry_s=0.2)))
-            return holder[0]
-
-        await services.start(
-            "router", "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build_router
-        )
-        await until(lambda: "wsg" in holder[0].workers, poll_s=0.01)
-        kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
-        await kv.put(kv_key("job-1", "t0"), encode(TrajMeta("job-1", "t0", worker_id="wsg")))
-
-        client = GenClient(nc, lease_s=1.0)
-        step = GenRequest(
-            rid="s.0",
-            job_id="job-1",
-            traj_id="t0",
-            step=0,
-            input_len=800,
-            max_new_tokens=120,
-            ignore_eos=True,
-        )
-        first = await asyncio.wait_for(client.generate(step), 20)
-        assert (first.worker_id, first.output_len, first.finish_reason) == ("wsg", 120, "length")
-        assert first.output_ids is not None and len(first.output_ids) == 120
-        step = GenRequest(
-            rid="s.1",
-            job_id="job-1",
-            traj_id="t0",
-            step=1,
-            input_len=1000,
-            max_new_tokens=10,
-            ignore_eos=True,
-        )
-        assert (await asyncio.wait_for(client.generate(step), 20)).cached_tokens == 920
-        assert server.engine.load().generated_tokens == 130
-        workers = await nc.jetstream().key_value(subjects.KV_WORKERS)
-        info = decode((await workers.get("wsg")).value or b"", WorkerInfo)
-        assert (info.engine, info.kv_capacity_tokens) == ("sglang", server.engine.info.kv_capacity_tokens)
-        await services.stop("wsg")
-        await services.stop("router")
+        await served_through_the_router(nc, services, server, settings)

@@ -13,54 +13,32 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from nats.aio.client import Client as NATS
 
 from loom.clock import Clock
-from loom.engine.base import EngineRequest
 from loom.engine.clients.vllm import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
 from loom.engine.fakes.vllm_server import build_app, sim_engine
-from loom.protocol import GenRequest, TrajMeta, WorkerInfo, decode, encode, subjects
-from loom.runtime.bus import kv_key
-from loom.runtime.genclient import GenClient
 from loom.runtime.service import Runtime
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings
-from services.rollout.worker import RolloutWorker
-from services.router.router import Router
-from services.router.settings import RouterSettings
+from tests import sim_servers
 from tests.conftest import Services
 from tests.integration.helpers import until
+from tests.sim_servers import request as _req
+from tests.sim_servers import served_through_the_router, started
 
 SPEED = 500.0
 MODEL = "qwen3-0.6b"
 
 
-class SimServer:
+class SimServer(sim_servers.SimServer):
     """The vLLM-compatible server on a free port, uvicorn in-process, over a sped-up simulated engine."""
 
     def __init__(self, max_running: int = 64, app: FastAPI | None = None) -> None:
-        self.engine = sim_engine(MODEL, "h100", 1, Clock(SPEED), max_running=max_running)
-        self.app = app or build_app(self.engine)
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> SimServer:
-        await self.engine.start()
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        await until(lambda: self._server.started, poll_s=0.01)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            await self._task
-        await self.engine.close()
-        self._sock.close()
+        engine = sim_engine(MODEL, "h100", 1, Clock(SPEED), max_running=max_running)
+        super().__init__(engine, app or build_app(engine))
 
     async def received(self) -> dict[str, Any]:
         return await _get(self.url + "/loom/received")  # type: ignore[no-any-return]
@@ -68,40 +46,17 @@ class SimServer:
 
 @contextlib.asynccontextmanager
 async def _backend(max_running: int = 64) -> AsyncIterator[tuple[SimServer, VLLMEngine]]:
-    async with SimServer(max_running) as server:
-        client = VLLMEngine(server.url, model=MODEL, poll_s=0.05)
-        await client.start()
-        try:
-            yield server, client
-        finally:
-            await client.close()
+    async with (
+        SimServer(max_running) as server,
+        started(VLLMEngine(server.url, model=MODEL, poll_s=0.05)) as c,
+    ):
+        yield server, c
 
 
 @pytest.fixture
 async def backend() -> AsyncIterator[tuple[SimServer, VLLMEngine]]:
     async with _backend() as pair:
         yield pair
-
-
-def _req(
-    rid: str,
-    n: int = 200,
-    key: str | None = None,
-    input_len: int = 1000,
-    priority: float = 0,
-    logprobs: bool = False,
-    **kw: Any,
-) -> EngineRequest:
-    return EngineRequest(
-        rid=rid,
-        input_len=input_len,
-        max_new_tokens=n,
-        prefix_key=key or rid,
-        ignore_eos=True,
-        priority=priority,
-        return_logprob=logprobs,
-        **kw,
-    )
 
 
 async def _get(url: str) -> Any:
@@ -381,49 +336,4 @@ def test_the_vllm_engine_needs_a_url() -> None:
 async def test_a_request_through_the_router_is_served_by_vllm(nc: NATS, services: Services) -> None:
     async with SimServer() as server:
         settings = RolloutSettings(worker_id="wvl", engine="vllm", vllm_url=server.url, speed=SPEED)
-        settings.keepalive_s = 0.2
-        await services.start(
-            "wvl", "rollout", settings, lambda rt: RolloutWorker(rt, settings, make_engine(rt, settings))
-        )
-        holder: list[Router] = []
-
-        def build_router(rt: Runtime) -> Router:
-            holder.append(Router(rt, RouterSettings(registry_s=0.2)))
-            return holder[0]
-
-        await services.start(
-            "router", "router", RouterSettings(speed=SPEED, keepalive_s=0.2, registry_s=0.2), build_router
-        )
-        await until(lambda: "wvl" in holder[0].workers, poll_s=0.01)
-        kv = await nc.jetstream().key_value(subjects.KV_TRAJ)
-        await kv.put(kv_key("job-1", "t0"), encode(TrajMeta("job-1", "t0", worker_id="wvl")))
-
-        client = GenClient(nc, lease_s=1.0)
-        step = GenRequest(
-            rid="s.0",
-            job_id="job-1",
-            traj_id="t0",
-            step=0,
-            input_len=800,
-            max_new_tokens=120,
-            ignore_eos=True,
-        )
-        first = await asyncio.wait_for(client.generate(step), 20)
-        assert (first.worker_id, first.output_len, first.finish_reason) == ("wvl", 120, "length")
-        assert first.output_ids is not None and len(first.output_ids) == 120
-        step = GenRequest(
-            rid="s.1",
-            job_id="job-1",
-            traj_id="t0",
-            step=1,
-            input_len=1000,
-            max_new_tokens=10,
-            ignore_eos=True,
-        )
-        assert (await asyncio.wait_for(client.generate(step), 20)).cached_tokens == 920
-        assert server.engine.load().generated_tokens == 130
-        workers = await nc.jetstream().key_value(subjects.KV_WORKERS)
-        info = decode((await workers.get("wvl")).value or b"", WorkerInfo)
-        assert (info.engine, info.kv_capacity_tokens) == ("vllm", server.engine.info.kv_capacity_tokens)
-        await services.stop("wvl")
-        await services.stop("router")
+        await served_through_the_router(nc, services, server, settings)

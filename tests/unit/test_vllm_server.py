@@ -7,8 +7,6 @@ import argparse
 import asyncio
 import json
 import re
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from loom.engine.clients.vllm import engine_rid
 from loom.engine.fakes.vllm_server import chain_logprobs
 from loom_cli.simserver import register
 from tests.integration.helpers import until
+from tests.sim_servers import sim_server_process
 from tests.unit.test_vllm_client import MODEL, SimServer
 
 
@@ -212,32 +211,6 @@ async def test_sim_server_command_serves_vllms_api_until_sigterm() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["sim-server", "--api", "trtllm"])
 
-    code = (
-        "import argparse, sys; from loom_cli.simserver import register; p = argparse.ArgumentParser(); "
-        "register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.run(a))"
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        "sim-server",
-        "--api",
-        "vllm",
-        "--port",
-        "0",
-        "--model",
-        MODEL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
-        url = re.search(r"http://\S+", line)
-        assert url and "vLLM API" in line, line
-        assert (await _call(url.group(0) + "/v1/models"))[1]["data"][0]["id"] == MODEL
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    async with sim_server_process("--api", "vllm", "--model", MODEL) as (url, line):
+        assert "vLLM API" in line, line
+        assert (await _call(url + "/v1/models"))[1]["data"][0]["id"] == MODEL

@@ -57,9 +57,17 @@ class HTTPEngine:
         self._warm_ids = itertools.count()
         self._load = EngineLoad(0, 0, 0, 0, 0)
         self._session: aiohttp.ClientSession | None = None
+        self._warned: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
 
     # What each server does its own way
+
+    def _warn_once(self, what: str, message: str) -> None:
+        """Log ``message`` (its ``%s`` the server's URL) the first time ``what`` is met: a server started without
+        a feature the client reads says so once, not per request."""
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(message, self.url)
 
     async def _handshake(self) -> None:
         """Read the server's model and settings at start; raise where Loom cannot use it."""

@@ -71,7 +71,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.clients.http import HTTPEngine
-from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+from loom.engine.token_ids import ContextIds
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +107,8 @@ class VLLMEngine(HTTPEngine):
     server = "vLLM"
     kind = "vllm"
     error = VLLMError
-
-    def __init__(
-        self,
-        url: str,
-        model: str = "qwen3-8b",
-        gpu: str = "h100",
-        poll_s: float = 0.5,
-        vocab: int = QWEN3_ORDINARY,
-    ) -> None:
-        super().__init__(url, model, gpu, poll_s, vocab)
-        self.served_model = ""  # the name vLLM serves the model by, which every completion names
-        self._warned: set[str] = set()
+    # The name vLLM serves the model by, which every completion names (read from /v1/models at start).
+    served_model = ""
 
     async def _handshake(self) -> None:
         models = await self._json("GET", "/v1/models")
@@ -442,11 +432,6 @@ class VLLMEngine(HTTPEngine):
             )
             return 0
         return int(details.get("cached_tokens") or 0)
-
-    def _warn_once(self, what: str, message: str) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning(message, self.url)
 
     # HTTP
 

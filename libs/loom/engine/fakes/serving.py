@@ -1,5 +1,6 @@
 """Serving a simulated engine behind a server's HTTP API (``sglang_server``, ``vllm_server``): uvicorn on a
-socket of its own, stopped by SIGTERM or SIGINT, the engine closed after it."""
+socket of its own, stopped by SIGTERM or SIGINT, the engine closed after it; and a request run for a client that
+may go away."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import socket
 from collections.abc import Generator
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
+from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.sim.engine import SimEngine
 
 log = logging.getLogger(__name__)
@@ -51,3 +53,23 @@ async def serve_engine(engine: SimEngine, app: FastAPI, host: str, port: int, ap
 def is_dir(path: str) -> bool:
     """Whether a checkpoint path names a directory here (``~`` expanded), as both servers check a load."""
     return os.path.isdir(os.path.expanduser(path))
+
+
+async def generate_for(
+    engine: SimEngine, req: EngineRequest, request: Request, poll_s: float
+) -> EngineOutput:
+    """``req`` on the engine for the HTTP ``request``, aborted once its client goes away (checked every
+    ``poll_s``), as both servers notice a vanished non-streaming client; cancelled with its handler."""
+    run = asyncio.create_task(engine.generate(req), name=f"sim-{req.rid}")
+    try:
+        while True:
+            done, _ = await asyncio.wait({run}, timeout=poll_s)
+            if done:
+                return run.result()
+            if await request.is_disconnected():
+                await engine.abort(req.rid)
+    finally:
+        if not run.done():  # this handler was cancelled: the engine aborts the request on cancellation
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run

@@ -32,7 +32,6 @@ aborts what is in flight, "in_place" and "retract" both hold requests where they
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -55,7 +54,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.fakes.serving import is_dir, serve_engine
+from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 
@@ -331,19 +330,7 @@ class _SimServer:
         return {"text": "", "output_ids": output_ids, "meta_info": meta}
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
-        run = asyncio.create_task(self.engine.generate(req), name=f"sim-{req.rid}")
-        try:
-            while True:
-                done, _ = await asyncio.wait({run}, timeout=DISCONNECT_POLL_S)
-                if done:
-                    return run.result()
-                if await request.is_disconnected():
-                    await self.engine.abort(req.rid)
-        finally:
-            if not run.done():  # this handler was cancelled: the engine aborts the request on cancellation
-                run.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await run
+        return await generate_for(self.engine, req, request, DISCONNECT_POLL_S)
 
     def _meta(self, req: EngineRequest, prompt: int, out: EngineOutput) -> dict[str, Any]:
         n = out.output_len

@@ -40,7 +40,6 @@ is kept for tests at ``GET /loom/received``, a route of the simulator's own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import math
@@ -65,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.vllm import engine_rid
-from loom.engine.fakes.serving import is_dir, serve_engine
+from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
 
@@ -322,19 +321,8 @@ class _SimServer:
         return ids, max_tokens
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
-        run = asyncio.create_task(self.engine.generate(req), name=f"sim-{req.rid}")
-        try:
-            while True:
-                done, _ = await asyncio.wait({run}, timeout=DISCONNECT_POLL_S)
-                if done:
-                    return run.result()
-                if await request.is_disconnected():  # vLLM's with_cancellation aborts it too
-                    await self.engine.abort(req.rid)
-        finally:
-            if not run.done():
-                run.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await run
+        # vLLM's with_cancellation aborts a request whose client went away, as this does.
+        return await generate_for(self.engine, req, request, DISCONNECT_POLL_S)
 
     def _response(
         self, obj: CompletionRequest, ids: list[int], output_ids: list[int], out: EngineOutput
