@@ -1,6 +1,6 @@
 #!/bin/sh
 # Makes the Secrets' contents for a deployment into DIR (default: the current directory), for an overlay's
-# secretGenerator to read (README.md): nats-users.env, a password per NATS user (loom.nats_auth's roles) and
+# secretGenerator to read (README.md): nats-users.env, a password per NATS user (loom.identity.nats_auth's roles) and
 # for the cluster's routes, and api.env, the REST API's admin token. 48 hex characters each. Existing files
 # are kept: delete them to make new ones. Keep DIR out of version control.
 set -eu
