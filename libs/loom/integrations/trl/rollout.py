@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from loom.envs import registry
 from loom.integrations.jobs import checked, collect, slots
 from loom.protocol import Trajectory
 from loom.protocol.messages import TERMINAL_JOB_STATES
@@ -73,9 +74,10 @@ def loom_reward(completions: list[Any], loom_reward: list[float | None], **kwarg
 class LoomRollout:
     """A ``rollout_func`` for TRL's ``GRPOTrainer`` that runs each generation batch as a Loom job.
 
-    ``env``: any Loom environment (built-in, ``module:Class``, ...). A prompt is a task: a task id of
-    ``dataset`` (a built-in set), a ``{"id": ..., "data": {...}}`` task, or text / chat messages handed to the
-    environment as the task's ``prompt`` / ``messages``. ``model``: the fleet TRL trains (``loom up --model``).
+    ``env``: any Loom environment (built-in, ``module:Class``, ``reasoning_gym:<name>``...). A prompt is a task:
+    a task id of ``dataset`` (a built-in set) or of a library's environment (which generates its tasks), a
+    ``{"id": ..., "data": {...}}`` task, or text / chat messages handed to the environment as the task's
+    ``prompt`` / ``messages``. ``model``: the fleet TRL trains (``loom up --model``).
     When the trainer's ``global_step`` has moved since the last call, its model is saved under ``checkpoints``
     and the fleet moved to it, all or nothing, before the job starts; each row says which weights made it."""
 
@@ -180,6 +182,9 @@ class LoomRollout:
             return {"id": str(prompt["id"]), "data": dict(prompt.get("data", {}))}
         if isinstance(prompt, str) and self.dataset is not None:
             return {"id": prompt, "data": {"set": self.dataset}}
+        if isinstance(prompt, str) and registry.resolve(self.env).library() is not None:
+            # A library's environment generates its own tasks: a prompt names one by its id, as its dataset does.
+            return {"id": prompt, "data": {}}
         if isinstance(prompt, str):
             return {"id": f"p{i}", "data": {"prompt": prompt}}
         if isinstance(prompt, Sequence):
