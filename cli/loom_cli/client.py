@@ -7,7 +7,6 @@ make two jobs.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -76,17 +75,33 @@ class LoomClient:
         out: dict[str, Any] = self._check(self._again("DELETE", f"/v1/jobs/{job_id}"))
         return out
 
-    def trajectories(self, job_id: str, page: int = 200) -> Iterator[bytes]:
-        """The job's stored trajectories as NDJSON lines, read page by page from the stream's cursor: each page
-        whole or asked again, so a read cut short by a takeover resumes where it was, and ends only at the
-        stream's end (never early on a failure)."""
-        cursor = 0
+    def trajectories(self, job_id: str, page: int = 500) -> Iterator[bytes]:
+        """The job's stored trajectories as NDJSON lines, in the result stream's order. A read cut short (the
+        server failed mid-stream, or a takeover closed it) is read again from the start, its lines already given
+        skipped, for up to ``retry_s``: it ends only at the stream's end, never early on a failure."""
+        given = 0
+        deadline = time.monotonic() + self.retry_s
         while True:
-            out = self._check(
-                self._again("GET", f"/v1/jobs/{job_id}/trajectories", cursor=cursor, limit=page)
-            )
-            for item in out["items"]:
-                yield json.dumps(item, separators=(",", ":")).encode()
-            cursor = out["next_cursor"]
-            if out["done"]:
+            try:
+                with self.http.stream(
+                    "GET", f"/v1/jobs/{job_id}/trajectories", params={"format": "ndjson", "limit": page}
+                ) as r:
+                    if r.status_code == 503 and time.monotonic() < deadline:
+                        time.sleep(min(float(r.headers.get("retry-after") or 1), 5.0))
+                        continue
+                    if r.status_code >= 400:
+                        r.read()
+                        self._check(r)
+                    seen = 0
+                    for line in r.iter_lines():
+                        if not line:
+                            continue
+                        seen += 1
+                        if seen > given:  # the stream is append-only: a re-read repeats what was given
+                            given = seen
+                            yield line.encode()
                 return
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)

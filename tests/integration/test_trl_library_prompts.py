@@ -28,7 +28,9 @@ async def test_text_prompts_of_a_library_environment_are_its_task_ids(
         assert r.status_code == 201, r.text
         job = (await http.get(f"/v1/jobs/{r.json()['id']}", params={"tasks": True})).json()
     assert [t["id"] for t in job["spec"]["tasks"]] == ["3", "17"]
-    assert all(t["data"]["prompt"] for t in job["spec"]["tasks"])  # the library's own statements of tasks 3 and 17
+    assert all(
+        t["data"]["prompt"] for t in job["spec"]["tasks"]
+    )  # the library's own statements of tasks 3 and 17
     # Text for an environment that takes any text stays text.
     assert LoomRollout(api, API_TOKEN, env="coin")._task("guess heads", 0) == {
         "id": "p0",
