@@ -15,6 +15,14 @@ import httpx
 
 from loom.identity import auth
 
+# How a takeover or an election meets a client: no connection, or an answer cut short.
+_TRANSIENT = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
+
+
+def _pause(r: httpx.Response | None = None) -> None:
+    """Before asking again: a 503's Retry-After (at most 5 s), else half a second."""
+    time.sleep(min(float(r.headers.get("retry-after") or 1), 5.0) if r is not None else 0.5)
+
 
 class ApiError(RuntimeError):
     def __init__(self, status: int, detail: Any) -> None:
@@ -53,13 +61,13 @@ class LoomClient:
         while True:
             try:
                 r = self.http.request(method, path, params=params or None)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            except _TRANSIENT:
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.5)
+                _pause()
                 continue
             if r.status_code == 503 and time.monotonic() < deadline:
-                time.sleep(min(float(r.headers.get("retry-after") or 1), 5.0))
+                _pause(r)
                 continue
             return r
 
@@ -87,7 +95,7 @@ class LoomClient:
                     "GET", f"/v1/jobs/{job_id}/trajectories", params={"format": "ndjson", "limit": page}
                 ) as r:
                     if r.status_code == 503 and time.monotonic() < deadline:
-                        time.sleep(min(float(r.headers.get("retry-after") or 1), 5.0))
+                        _pause(r)
                         continue
                     if r.status_code >= 400:
                         r.read()
@@ -101,7 +109,7 @@ class LoomClient:
                             given = seen
                             yield line.encode()
                 return
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            except _TRANSIENT:
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.5)
+                _pause()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import httpx
@@ -56,14 +57,22 @@ async def start_scheduler_api(services: Services, settings: SchedulerSettings) -
     """The scheduler in-process with its REST API; returns the API's URL once it answers."""
     await services.start("scheduler", "scheduler", settings, lambda rt: Scheduler(rt, settings))
     api = f"http://127.0.0.1:{settings.port}"
+    await api_answers(api, within_s=5)
+    return api
+
+
+async def api_answers(api: str, within_s: float) -> None:
+    """Until the scheduler at ``api`` answers an authenticated /healthz with 200 (AssertionError past ``within_s``)."""
+    deadline = time.monotonic() + within_s
     async with httpx.AsyncClient(headers=AUTH) as http:
-        for _ in range(100):
+        while time.monotonic() < deadline:
             try:
                 if (await http.get(f"{api}/healthz")).status_code == 200:
-                    return api
+                    return
             except httpx.TransportError:
-                await asyncio.sleep(0.05)
-    raise AssertionError("the scheduler's API did not come up")
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"the scheduler's API at {api} did not come up")
 
 
 async def until(cond: Callable[[], bool], within_s: float = 10.0, poll_s: float = 0.05) -> None:

@@ -29,22 +29,10 @@ from loom_cli.deploy import free_port
 from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
 from tests.conftest import API_TOKEN, AUTH, Services, need_shared
+from tests.integration.helpers import api_answers
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = {"dataset": {"name": "swe-replay", "limit": 2}, "group_size": 2}
-
-
-async def _answers(api: str, within_s: float = 30) -> None:
-    async with httpx.AsyncClient(headers=AUTH) as http:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{api}/v1/jobs")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"the scheduler at {api} did not answer")
 
 
 async def test_a_scheduler_that_loses_its_lease_closes_its_api_and_exits(
@@ -69,7 +57,7 @@ async def test_a_scheduler_that_loses_its_lease_closes_its_api_and_exits(
     )
     try:
         api = f"http://127.0.0.1:{port}"
-        await _answers(api)
+        await api_answers(api, within_s=30)
         async with httpx.AsyncClient(headers=AUTH, timeout=10) as http:
             # A rollout stream, so that its result reader runs too: it kept the old process alive.
             made = await http.post(f"{api}/v1/streams", json={**JOB, "buffer_groups": 1})
@@ -105,7 +93,7 @@ async def test_a_result_read_that_fails_partway_fails_the_reader(
     settings = SchedulerSettings(port=free_port(), api_token=API_TOKEN, instance="s")
     rt = await services.start("s", "scheduler", settings, lambda rt: Scheduler(rt, settings))
     api = f"http://127.0.0.1:{settings.port}"
-    await _answers(api)
+    await api_answers(api, within_s=30)
     async with httpx.AsyncClient(headers=AUTH, timeout=10) as http:
         made = await http.post(f"{api}/v1/jobs", json=JOB)
         assert made.status_code == 201, made.text
