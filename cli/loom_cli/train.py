@@ -40,6 +40,7 @@ from loom.trainer.coin_warmstart import coin_warm_start, demonstration
 from loom.trainer.grpo import GRPOConfig
 from loom.trainer.grpo_trainer import GRPOTrainer
 from loom.trainer.warmstart import TINY_POLICY, warm_start
+from loom.weights.publish import transport
 from loom_cli.client import LoomClient
 from loom_cli.deploy import DeployConfig, Deployment, free_port
 from loom_cli.train_report import plot
@@ -86,6 +87,7 @@ class TrainConfig:
     eval_samples: int = 2
     seed: int = 0
     base: str | None = None
+    weights: str = "collective"  # the transport each update takes (loom.weights.publish)
     # Overrides of loom.checkpoints.TINY; None: the one each task's recipe was measured with.
     model: dict[str, Any] | None = None
     sync: bool = True
@@ -133,6 +135,7 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
         if v is not None:
             setattr(cfg, name, v)
     cfg.base = args.base
+    cfg.weights = args.weights
     cfg.sync = not args.no_sync
     cfg.control = args.control
     if cfg.warm_steps is None:
@@ -293,6 +296,9 @@ async def run_mode(
         trainer = GRPOTrainer(
             policy.load(ckpt0), GRPOConfig(lr=cfg.lr, minibatches=cfg.minibatches), shuffle_rewards=shuffle
         )
+        # The version goes to the fleet by cfg.weights: broadcast from this process (no checkpoint per step),
+        # published to the bus's object store, or written under out/ckpt.
+        mover = transport(cfg.weights, root=out / "ckpt", js=nc.jetstream(timeout=60))  # type: ignore[arg-type]
         t0 = time.monotonic()
         stream = await StreamClient.create(nc, stream_spec(cfg, alpha))
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -304,8 +310,7 @@ async def run_mode(
                     batch = await stream.get_batch(cfg.groups, timeout=900)
                     waited = batch.waited_s
                     rep = await asyncio.to_thread(trainer.step, batch)
-                    path = await asyncio.to_thread(trainer.save, out / "ckpt" / f"v{step + 1}")
-                    upd = await stream.update_weights(step + 1, str(path))
+                    upd = await stream.update_weights(step + 1, model=trainer.model, transport=mover)
                     result.steps.append(
                         {
                             "step": step + 1,
@@ -492,6 +497,11 @@ def summarize(cfg: TrainConfig, main: ModeResult, sync: ModeResult | None) -> di
     weights = [s["is_weight"] for s in on_policy.steps if s.get("trained_tokens")] if on_policy else []
     if weights:  # a step whose groups all scored alike trained on nothing and weighed nothing
         out["is_weight_mean_sync"] = round(statistics.fmean(weights), 5)
+        # After each update, the fleet's log-probs of the tokens it made against the trainer's for the same
+        # weights: the largest gap of any token of any step (0.02: TRL's guard on sampling mismatch).
+        diffs = [s["logprob_max_abs_diff"] for s in on_policy.steps if s.get("trained_tokens")]  # type: ignore[union-attr]
+        out["logprob_max_abs_diff_sync"] = round(max(diffs), 5)
+    out["weights_transport"] = cfg.weights
     out["eval_prompts"] = len({prompts[k] for k in main.eval_first if k in prompts})
     for when, h in (("first", main.heldout_first), ("last", main.heldout_last)):
         if h:

@@ -23,6 +23,13 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--base", help="a local Qwen3 checkpoint directory to start from instead of a tiny model")
     t.add_argument("--no-sync", action="store_true", help="skip the async_bound=0 comparison run")
     t.add_argument(
+        "--weights",
+        choices=("collective", "store", "disk"),
+        default="collective",
+        help="how each update reaches the fleet (loom.weights): broadcast over gloo (default), the bus's "
+        "object store, or a checkpoint per step on disk",
+    )
+    t.add_argument(
         "--control",
         choices=("shuffled",),
         help="a control run: 'shuffled' hands GRPO the batch's rewards in random order (no gain expected)",

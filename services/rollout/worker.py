@@ -30,6 +30,7 @@ from loom.protocol import (
     WarmPrefix,
     WeightOp,
     WeightOpReply,
+    WeightsRef,
     WorkerDone,
     WorkerInfo,
     WorkerLoad,
@@ -38,6 +39,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime.service import Runtime
+from loom.weights import Incoming
 from services.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
@@ -132,8 +134,20 @@ class RolloutWorker:
         fleet = decode(entry.value, FleetWeights)
         if fleet.version == self.weight_version:
             return
-        log.info("joining the fleet at weight version %s (%s)", fleet.version, fleet.path)
-        await self.engine.prepare_weights(fleet.version, fleet.path)
+        ref = fleet.weights if fleet.weights is not None else WeightsRef("disk", fleet.path)
+        if ref.transport == "collective":
+            # Broadcast weights cannot be fetched afterwards: hold every request until the next update (this
+            # worker is in its group) brings the fleet's weights here, rather than answer with others.
+            log.warning(
+                "the fleet of %s is at version %s, broadcast before this worker started: holding requests "
+                "until the next update",
+                self.engine.info.model,
+                fleet.version,
+            )
+            await self.engine.pause()
+            return
+        log.info("joining the fleet at weight version %s (%s)", fleet.version, ref.transport)
+        await self.engine.prepare_weights(fleet.version, Incoming(ref, rt.js))
         await self.engine.commit_weights(fleet.version)
         self.weight_version = fleet.version
 
@@ -148,7 +162,10 @@ class RolloutWorker:
                 if op.lease_s > 0:
                     self._pause_lease = asyncio.create_task(self._unpause_after(op.lease_s, op.version))
             elif op.op == "prepare":
-                await self.engine.prepare_weights(op.version, op.path)
+                ref = op.weights if op.weights is not None else WeightsRef("disk", op.path)
+                await self.engine.prepare_weights(
+                    op.version, Incoming(ref, self.rt.js, op.timeout_s or 600.0)
+                )
             elif op.op == "commit":
                 await self.engine.commit_weights(op.version)
                 self.weight_version = op.version

@@ -46,6 +46,7 @@ from loom.protocol import (
     WeightOp,
     WeightOpKind,
     WeightOpReply,
+    WeightsRef,
     WeightUpdate,
     WeightUpdateResult,
     decode,
@@ -343,10 +344,20 @@ class StreamManager:
             if not workers:
                 raise StreamError("unavailable", f"no rollout worker serves {model!r}")
             version = str(u.version)
+            ref = u.ref()
+            if ref.transport == "collective":
+                # One group: the trainer at rank 0, the workers after it, in the order the registry lists them.
+                refs = {
+                    w: msgspec.structs.replace(ref, rank=i + 1, world_size=len(workers) + 1)
+                    for i, w in enumerate(workers)
+                }
+                u = msgspec.structs.replace(u, async_fetch=False)
+            else:
+                refs = dict.fromkeys(workers, ref)
             fetch_s = 0.0
             if u.async_fetch:
                 fetching = time.monotonic()
-                await self._prepare(workers, version, u)
+                await self._prepare(refs, version, u)
                 fetch_s = time.monotonic() - fetching
             try:
                 await self._fleet("pause", workers, version, None, u.timeout_s, lease_s=4 * u.timeout_s)
@@ -357,9 +368,12 @@ class StreamManager:
             paused = time.monotonic()
             try:
                 if not u.async_fetch:
-                    await self._prepare(workers, version, u)
+                    await self._prepare(refs, version, u)
                 await self._commit(model, workers, version, u.timeout_s)
-                await self.kv_weights.put(model, encode(FleetWeights(model, version, u.path, time.time())))
+                fleet = FleetWeights(
+                    model, version, ref.path, time.time(), None if ref.transport == "disk" else ref
+                )
+                await self.kv_weights.put(model, encode(fleet))
                 if switched is not None:
                     await switched()
             finally:
@@ -384,9 +398,10 @@ class StreamManager:
             await asyncio.sleep(1.0)
         return []
 
-    async def _prepare(self, workers: list[str], version: str, u: WeightUpdate) -> None:
+    async def _prepare(self, refs: dict[str, WeightsRef], version: str, u: WeightUpdate) -> None:
         """Load the weights beside the serving ones on every worker; if any fails, drop them everywhere."""
-        failed = await self._fleet("prepare", workers, version, u.path, u.timeout_s, strict=False)
+        workers = list(refs)
+        failed = await self._fleet("prepare", workers, version, refs, u.timeout_s, strict=False)
         if failed:
             await self._fleet("discard", workers, version, None, u.timeout_s, strict=False)
             self.m_updates.labels("failed").inc()
@@ -407,8 +422,12 @@ class StreamManager:
         except KeyNotFoundError:
             prev = None
         done = [w for w in workers if w not in failed]
-        if prev is not None and done:
-            await self._fleet("prepare", done, prev.version, prev.path, timeout_s, strict=False)
+        # A collective version has gone by: the fleet's previous one can be taken again only from a disk or store.
+        if prev is not None and done and (prev.weights is None or prev.weights.transport != "collective"):
+            back = prev.weights if prev.weights is not None else WeightsRef("disk", prev.path)
+            await self._fleet(
+                "prepare", done, prev.version, dict.fromkeys(done, back), timeout_s, strict=False
+            )
             await self._fleet("commit", done, prev.version, None, timeout_s, strict=False)
             raise StreamError(
                 "update_failed", f"commit of {version} failed, fleet rolled back to {prev.version}: {reasons}"
@@ -422,19 +441,21 @@ class StreamManager:
         op: WeightOpKind,
         workers: list[str],
         version: str,
-        path: str | None,
+        refs: dict[str, WeightsRef] | None,
         timeout_s: float,
         strict: bool = True,
         lease_s: float = 0.0,
     ) -> dict[str, str]:
-        """Send one step to every worker at once; returns the failures (raises on any when ``strict``)."""
+        """Send one step to every worker at once (``refs``: each one's weights, for a prepare); returns the
+        failures (raises on any when ``strict``)."""
 
         async def one(w: str) -> tuple[str, str]:
+            ref = refs[w] if refs is not None else None
             try:
                 r = await request(
                     self.rt.nc,
                     subjects.worker_weights(w),
-                    WeightOp(op, version, path, lease_s),
+                    WeightOp(op, version, ref.path if ref is not None else None, lease_s, timeout_s, ref),
                     WeightOpReply,
                     timeout_s,
                 )

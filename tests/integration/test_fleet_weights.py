@@ -34,6 +34,7 @@ from loom.runtime.bus import BusError, request
 from loom.runtime.genclient import GenClient
 from loom.runtime.service import Runtime
 from loom.trainer.client import StreamClient
+from loom.weights.publish import CollectiveTransport, StoreTransport
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from tests.conftest import Services, need_shared
@@ -204,3 +205,67 @@ async def test_a_pause_whose_scheduler_died_expires(nc: NATS, services: Services
     # Resumed, the prepared weights discarded: a commit now has nothing to switch to.
     late = await request(nc, subjects.worker_weights("w9"), WeightOp("commit", "1", None), WeightOpReply)
     assert not late.ok and w.weight_version == "0"
+
+
+def _served(worker: RolloutWorker) -> torch.Tensor:
+    ids = torch.tensor([[5, 17, 230, 4095, 11]])
+    with torch.inference_mode():
+        return worker.engine._model(input_ids=ids).logits  # type: ignore[attr-defined]
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([[5, 17, 230, 4095, 11]])).logits
+
+
+async def test_weights_move_in_memory_by_broadcast_and_from_the_store(
+    nc: NATS, services: Services, ckpts: dict[str, Path]
+) -> None:
+    """No checkpoint on disk: the trainer's model goes to both workers by a gloo broadcast (inside the pause,
+    requests in flight kept), then by the bus's object store (fetched while generating); a worker that starts
+    later takes the store's version itself, and one that starts after a broadcast holds its requests until
+    the next broadcast includes it."""
+    w0 = await start_hf_worker(services, "w0", ckpts["v0"])
+    w1 = await start_hf_worker(services, "w1", ckpts["v0"])
+    router = await start_router(services)
+    await until(lambda: set(router.workers) == {"w0", "w1"}, within_s=20)
+    await start_scheduler(services)
+    stream = await StreamClient.create(nc, _stream_spec())
+    gen = GenClient(nc, lease_s=5.0)
+    collective, store = CollectiveTransport(), StoreTransport(nc.jetstream(timeout=30))
+    try:
+        calls = [asyncio.create_task(gen.generate(_req(stream.id, f"t{i}", 600))) for i in range(4)]
+        await until(lambda: w0.engine.load().running + w1.engine.load().running >= 4, within_s=30)
+        v1 = policy.load(ckpts["v1"])
+        res = await stream.update_weights(1, model=v1, transport=collective)
+        assert res.workers == ["w0", "w1"] and res.fetch_s == 0  # received inside the pause
+        assert collective.last is not None and collective.last.world_size == 3
+        outs: list[GenResult] = await asyncio.gather(*calls)
+        assert all(o.output_len == 600 and o.weight_version == "1" for o in outs)
+        for w in (w0, w1):
+            assert w.weight_version == "1" and torch.equal(_served(w), _logits(v1))
+
+        v2 = policy.build_tiny(seed=3, **SMALL)
+        res = await stream.update_weights(2, model=v2, transport=store)
+        assert res.fetch_s > 0  # fetched while the fleet generated, held only to switch
+        for w in (w0, w1):
+            assert w.weight_version == "2" and torch.equal(_served(w), _logits(v2))
+        w2 = await start_hf_worker(services, "w2", ckpts["v0"])
+        await until(lambda: w2.weight_version == "2", within_s=30)
+        assert torch.equal(_served(w2), _logits(v2))
+
+        v3 = policy.build_tiny(seed=4, **SMALL)
+        await stream.update_weights(3, model=v3, transport=collective)
+        w3 = await start_hf_worker(services, "w3", ckpts["v0"])
+        await until(lambda: "w3" in router.workers, within_s=20)
+        assert w3.weight_version == "0" and w3.engine._paused  # type: ignore[attr-defined]
+        v4 = policy.build_tiny(seed=5, **SMALL)
+        res = await stream.update_weights(4, model=v4, transport=collective)
+        assert res.workers == ["w0", "w1", "w2", "w3"]
+        for w in (w0, w1, w2, w3):
+            assert w.weight_version == "4" and torch.equal(_served(w), _logits(v4))
+        assert not w3.engine._paused  # type: ignore[attr-defined]
+        after = await gen.generate(_req(stream.id, "after", 4))
+        assert after.weight_version == "4"
+    finally:
+        await stream.close()

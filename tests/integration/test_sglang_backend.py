@@ -22,6 +22,7 @@ from loom.engine.clients.sglang import SGLangEngine, SGLangError, WeightUpdateEr
 from loom.engine.fakes.sglang_server import build_app
 from loom.engine.sim.engine import SimEngine
 from loom.runtime.service import Runtime
+from loom.weights import Incoming
 from loom_cli.simserver import register
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings
@@ -231,8 +232,10 @@ async def test_a_two_phase_update_changes_the_reported_version(
     server, client = backend
     assert (client.weight_version, client.serving_path) == ("default", MODEL)
     with pytest.raises(ValueError, match="checkpoint path"):
-        await client.prepare_weights("step-7", None)
-    await client.prepare_weights("step-7", "org/ckpt-step-7")  # SGLang loads in place: nothing yet
+        await client.prepare_weights("step-7", Incoming.disk(None))
+    await client.prepare_weights(
+        "step-7", Incoming.disk("org/ckpt-step-7")
+    )  # SGLang loads in place: nothing yet
     assert (await client.generate(_req("w.0", n=5))).weight_version == "default"
     await client.commit_weights("step-7")
     assert (await client.generate(_req("w.1", n=5))).weight_version == "step-7"
@@ -244,7 +247,7 @@ async def test_a_two_phase_update_changes_the_reported_version(
     async with aiohttp.ClientSession() as s, s.get(server.url + "/get_model_info") as r:
         info = await r.json()
     assert (info["weight_version"], info["model_path"]) == ("step-7", "org/ckpt-step-7")
-    await client.prepare_weights("step-8", "org/ckpt-step-8")
+    await client.prepare_weights("step-8", Incoming.disk("org/ckpt-step-8"))
     await client.discard_weights("step-8")
     with pytest.raises(RuntimeError, match="not prepared"):
         await client.commit_weights("step-8")
@@ -258,7 +261,7 @@ async def test_a_request_in_flight_finishes_under_the_new_weights(
     call = asyncio.create_task(client.generate(_req("f.1", n=100_000, key="f", input_len=1200)))
     await until(lambda: server.engine.load().running == 1, poll_s=0.01)
     await client.pause()
-    await client.prepare_weights("step-9", str(tmp_path))
+    await client.prepare_weights("step-9", Incoming.disk(str(tmp_path)))
     # Paused in place with a request running: SGLang's cache flush would fail (see the next test), so the
     # client does not ask for it; the request goes on with its KV.
     await client.commit_weights("step-9")
@@ -275,7 +278,7 @@ async def test_a_failed_update_raises_the_servers_message_and_keeps_the_weights(
 ) -> None:
     server, client = backend
     missing = str(tmp_path / "no-such-checkpoint")
-    await client.prepare_weights("step-7", missing)
+    await client.prepare_weights("step-7", Incoming.disk(missing))
     with pytest.raises(WeightUpdateError, match=f"no model directory at {re.escape(missing)}"):
         await client.commit_weights("step-7")
     assert (client.weight_version, client.serving_path) == ("default", MODEL)

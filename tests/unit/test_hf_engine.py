@@ -17,6 +17,7 @@ from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.hf import HFEngine
 from loom.engine.clients.hf_batch import Seq, request_generator, sample
 from loom.text.tokenizer import STOP_IDS
+from loom.weights import Incoming
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
 PROMPTS = [[(37 * i + 101 * j) % 5000 + 10 for j in range(n)] for i, n in enumerate([5, 17, 30, 11])]
@@ -242,19 +243,19 @@ async def test_two_phase_weight_update(engine_at, models) -> None:
 
     # A failed prepare changes nothing.
     with pytest.raises(FileNotFoundError):
-        await engine.prepare_weights("1", str(models["a"][0].parent / "missing"))
+        await engine.prepare_weights("1", Incoming.disk(str(models["a"][0].parent / "missing")))
     with pytest.raises(ValueError, match="vocab"):
-        await engine.prepare_weights("1", str(models["vocab"][0]))
+        await engine.prepare_weights("1", Incoming.disk(str(models["vocab"][0])))
     with pytest.raises(ValueError, match="prepared"):
         await engine.commit_weights("1")
     assert engine.weight_version == "0"
     # Prepared and discarded: nothing to commit.
-    await engine.prepare_weights("1", str(models["b"][0]))
+    await engine.prepare_weights("1", Incoming.disk(str(models["b"][0])))
     await engine.discard_weights("1")
     with pytest.raises(ValueError, match="prepared"):
         await engine.commit_weights("1")
 
-    await engine.prepare_weights("1", str(models["b"][0]))
+    await engine.prepare_weights("1", Incoming.disk(str(models["b"][0])))
     await engine.commit_weights("1")
     await engine.resume()
     out = await running

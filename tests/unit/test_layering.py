@@ -28,8 +28,9 @@ LAYERS: dict[str, int] = {
         ),
         1,
     ),
-    # The NATS runtime, and identity (whose NATS users and permissions are written with the runtime's bus).
-    **dict.fromkeys(("loom.runtime", "loom.identity"), 2),
+    # The NATS runtime, identity (whose NATS users and permissions are written with the runtime's bus), and
+    # moving weights (which the engines and the trainers both speak).
+    **dict.fromkeys(("loom.runtime", "loom.identity", "loom.weights"), 2),
     **dict.fromkeys(
         (
             "loom.policies",

@@ -16,6 +16,7 @@ from loom.engine.model.perf import PerfModel
 from loom.engine.sim.core import Speculation
 from loom.engine.sim.engine import SimCore, SimEngine
 from loom.engine.sim.prefix_cache import PrefixCache
+from loom.weights import Incoming
 
 PERF = PerfModel("h100", "qwen3-0.6b")
 PERF_8B = PerfModel("h100", "qwen3-8b")
@@ -602,16 +603,16 @@ async def test_pause_holds_progress(engine: SimEngine) -> None:
 
 async def test_prepare_commit_and_discard_weights(engine: SimEngine, tmp_path: Path) -> None:
     before = await engine.generate(EngineRequest("a", 10, 5))
-    await engine.prepare_weights("v2", None)
+    await engine.prepare_weights("v2", Incoming.disk(None))
     await engine.commit_weights("v2")
     after = await engine.generate(EngineRequest("b", 10, 5))
     assert (before.weight_version, after.weight_version, after.output_logprobs) == ("", "v2", None)
-    await engine.prepare_weights("v3", str(tmp_path))
+    await engine.prepare_weights("v3", Incoming.disk(str(tmp_path)))
     await engine.discard_weights("v3")
     with pytest.raises(RuntimeError, match="not prepared"):
         await engine.commit_weights("v3")
     assert engine.serving_path is None
-    await engine.prepare_weights("v3", str(tmp_path))
+    await engine.prepare_weights("v3", Incoming.disk(str(tmp_path)))
     await engine.commit_weights("v3")
     assert engine.serving_path == str(tmp_path)
 
@@ -620,7 +621,7 @@ async def test_preparing_a_missing_checkpoint_fails_and_keeps_the_version(
     engine: SimEngine, tmp_path: Path
 ) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        await engine.prepare_weights("v2", str(tmp_path / "missing"))
+        await engine.prepare_weights("v2", Incoming.disk(str(tmp_path / "missing")))
     with pytest.raises(RuntimeError, match="not prepared"):
         await engine.commit_weights("v2")
     assert (await engine.generate(EngineRequest("a", 10, 5))).weight_version == ""
@@ -633,7 +634,7 @@ async def test_a_request_running_across_a_weight_update_recomputes_its_context(e
     await engine.pause()
     generated = engine.load().generated_tokens - 10
     assert 0 < generated < 100_000
-    await engine.prepare_weights("v2", None)
+    await engine.prepare_weights("v2", Incoming.disk(None))
     await engine.commit_weights("v2")
     assert engine.core.cache.tokens == 0
     await engine.resume()

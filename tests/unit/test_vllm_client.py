@@ -21,6 +21,7 @@ from loom.clock import Clock
 from loom.engine.clients.vllm import VLLMEngine, VLLMError, WeightUpdateError, engine_rid
 from loom.engine.fakes.vllm_server import build_app, sim_engine
 from loom.runtime.service import Runtime
+from loom.weights import Incoming
 from services.rollout.__main__ import make_engine
 from services.rollout.settings import RolloutSettings
 from tests import sim_servers
@@ -188,9 +189,9 @@ async def test_a_two_phase_update_reloads_labels_and_resets_the_cache(
 ) -> None:
     server, client = backend
     with pytest.raises(ValueError, match="checkpoint path"):
-        await client.prepare_weights("step-7", None)
+        await client.prepare_weights("step-7", Incoming.disk(None))
     await client.generate(_req("w.0", n=100, key="w"))
-    await client.prepare_weights("step-7", str(tmp_path))  # vLLM reloads in place: nothing yet
+    await client.prepare_weights("step-7", Incoming.disk(str(tmp_path)))  # vLLM reloads in place: nothing yet
     assert (await client.generate(_req("w.1", n=5, key="w", input_len=1100))).weight_version == "default"
     await client.commit_weights("step-7")
     assert (client.weight_version, client.serving_path, client.previous_path) == (
@@ -209,7 +210,7 @@ async def test_a_two_phase_update_reloads_labels_and_resets_the_cache(
         ["step-7"],
         [True],
     )
-    await client.prepare_weights("step-8", "org/ckpt-step-8")
+    await client.prepare_weights("step-8", Incoming.disk("org/ckpt-step-8"))
     await client.discard_weights("step-8")
     with pytest.raises(RuntimeError, match="not prepared"):
         await client.commit_weights("step-8")
@@ -222,7 +223,7 @@ async def test_a_request_in_flight_finishes_under_the_new_weights(
     call = asyncio.create_task(client.generate(_req("f.1", n=100_000, key="f")))
     await until(lambda: server.engine.load().running == 1, poll_s=0.01)
     await client.pause()
-    await client.prepare_weights("step-9", str(tmp_path))
+    await client.prepare_weights("step-9", Incoming.disk(str(tmp_path)))
     await client.commit_weights("step-9")
     # Preempted by the cache reset, it waits to recompute its context, then goes on under the new weights.
     assert server.engine.load().waiting == 1
@@ -236,7 +237,7 @@ async def test_a_failed_reload_raises_and_loads_the_served_checkpoint_back(
 ) -> None:
     server, client = backend
     missing = str(tmp_path / "no-such-checkpoint")
-    await client.prepare_weights("step-7", missing)
+    await client.prepare_weights("step-7", Incoming.disk(missing))
     with pytest.raises(WeightUpdateError, match=rf"{re.escape(missing)}.*reloaded '{MODEL}'"):
         await client.commit_weights("step-7")
     assert (client.weight_version, client.serving_path) == ("default", MODEL)

@@ -7,6 +7,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from loom.weights import Incoming
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -91,8 +93,9 @@ class Engine(Protocol):
     async def warm_prefix(self, prefix_key: str, input_len: int) -> None:
         """Prefill ``input_len`` tokens of ``prefix_key`` into the prefix cache (migration target warm-up)."""
 
-    async def prepare_weights(self, version: str, path: str | None) -> None:
-        """Load and check the checkpoint at ``path`` beside the weights serving now, without switching.
+    async def prepare_weights(self, version: str, weights: Incoming) -> None:
+        """Take ``weights`` (a checkpoint on disk, a broadcast, a store's version: ``loom.weights``) and check
+        them beside the weights serving now, without switching.
 
         Raises (and keeps serving the old weights) when they cannot serve: the first phase of a fleet update,
         which switches no worker unless every worker prepared."""

@@ -223,6 +223,14 @@ PERMISSIONS: dict[str, Permissions] = {
             f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_SAMPLES}.>",
             f"$JS.ACK.{subjects.STREAM_SAMPLES}.>",
             f"$JS.API.STREAM.MSG.GET.{subjects.STREAM_RESULTS}",
+            # Publishing weights versions to the object store (loom.weights.store): create it, put chunks
+            # and metadata, read an object's metadata, purge (delete) old versions.
+            *(
+                f"$JS.API.STREAM.{op}.OBJ_{subjects.OBJ_WEIGHTS}"
+                for op in ("INFO", "CREATE", "PURGE", "MSG.GET")
+            ),
+            f"$JS.API.DIRECT.GET.OBJ_{subjects.OBJ_WEIGHTS}.>",
+            f"$O.{subjects.OBJ_WEIGHTS}.>",
         ),
         subscribe=(
             f"{inbox_prefix(TRAINER)}.>",

@@ -671,9 +671,48 @@ class BatchTaken(Struct):
     stale: list[int] = []
 
 
+WeightTransport = Literal["disk", "collective", "store"]
+# Tensor dtypes the transports carry (torch's names): the weights move in their own dtype, never converted.
+WeightDtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+
+
+class TensorSpec(Struct, array_like=True, forbid_unknown_fields=True):
+    """One tensor of a weights version: its name in the model's state dict, dtype and shape."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=512)]
+    dtype: WeightDtype
+    shape: list[NonNeg]
+
+
+class WeightsRef(Struct, forbid_unknown_fields=True):
+    """Where a weights version is and how a worker gets it (``loom.weights``).
+
+    - ``disk``: a Hugging Face checkpoint directory every worker can read (``path``).
+    - ``collective``: the trainer broadcasts the tensors over torch.distributed (``backend``, gloo on CPUs,
+      NCCL on GPUs) from rank 0 to the workers, in buckets of ``bucket_bytes``; ``address`` is its rendezvous
+      store (``host:port``), ``group`` this update's group. The scheduler sets each worker's ``rank`` and the
+      group's ``world_size`` (the trainer and every worker).
+    - ``store``: the trainer published the tensors to the JetStream object store ``address`` as the objects
+      under ``group``, one per bucket; each worker fetches them on its own.
+
+    ``tensors`` and ``checksum`` (``loom.weights.manifest``) let a receiver check what arrived."""
+
+    transport: WeightTransport = "disk"
+    path: str | None = None
+    address: Annotated[str, Meta(max_length=256)] = ""
+    group: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{0,128}$")] = ""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    bucket_bytes: NonNeg = 0
+    tensors: list[TensorSpec] = []
+    checksum: Annotated[str, Meta(max_length=64)] = ""
+    rank: NonNeg = 0
+    world_size: NonNeg = 0
+
+
 class WeightUpdate(Struct):
-    """Move every rollout worker of the stream's model to ``version``, loaded from ``path`` (a checkpoint
-    directory each worker can read; None for a simulated engine).
+    """Move every rollout worker of the stream's model to ``version``, loaded from ``weights`` (``path``: a
+    checkpoint directory each worker can read, as ``WeightsRef(transport="disk", path=...)``; neither: a
+    simulated engine's version switch).
 
     ``async_fetch`` (RollArt §5.2): the workers fetch and load the new weights beside the serving ones while
     they go on generating, and the fleet pauses only to switch; otherwise it pauses for the whole load, as
@@ -684,6 +723,10 @@ class WeightUpdate(Struct):
     path: str | None = None
     timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
     async_fetch: bool = True
+    weights: WeightsRef | None = None
+
+    def ref(self) -> WeightsRef:
+        return self.weights if self.weights is not None else WeightsRef("disk", self.path)
 
 
 class WeightUpdateResult(Struct):
@@ -719,10 +762,13 @@ class WeightOp(Struct):
 
     op: WeightOpKind
     version: str = ""
-    path: str | None = None
+    path: str | None = None  # prepare, of a ``disk`` update without ``weights`` (a scheduler before them)
     # pause: resume by itself after this long without a commit or resume (a scheduler that died mid-update
     # must not leave the fleet paused for ever); whatever was prepared is then discarded.
     lease_s: NonNegF = 0.0
+    # prepare: how long the worker may take to receive the weights (the scheduler waits as long).
+    timeout_s: NonNegF = 0.0
+    weights: WeightsRef | None = None  # prepare
 
 
 class WeightOpReply(Struct):
@@ -740,6 +786,9 @@ class FleetWeights(Struct):
     version: str
     path: str | None = None
     updated_at: float = 0.0
+    # How it came (None: from ``path``, on disk). A worker that (re)starts takes a ``disk`` or ``store``
+    # version itself; a ``collective`` one has gone by, so it holds its requests until the next update.
+    weights: WeightsRef | None = None
 
 
 # ---------------------------------------------------------------- co-scheduled RL jobs (RollMux)

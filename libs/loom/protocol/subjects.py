@@ -188,6 +188,8 @@ KV_RLJOBS = "loom_rljobs"
 KV_STREAMS = "loom_streams"  # rollout streams (loom.protocol.Stream), key = stream id
 # Leases of the services one instance of which acts at a time (loom.runtime.lease), key = the service.
 KV_LEASES = "loom_leases"
+# Weights versions published by trainers (loom.weights.store): a JetStream object store, chunks on $O.<bucket>.
+OBJ_WEIGHTS = "loom_weights_store"
 KV_WEIGHTS = "loom_weights"  # the weights each model's fleet serves (FleetWeights), key = model  # co-scheduled RL job specs, replayed in order on restart
 
 QUEUE_GROUP = "loom"

@@ -5,7 +5,7 @@ async with await StreamClient.create("nats://127.0.0.1:4222", spec) as stream:
     for step in range(steps):
         batch = await stream.get_batch(8, timeout=600)
         ...  # train on batch.groups
-        await stream.update_weights(step + 1, f"ckpt/{step + 1}")
+        await stream.update_weights(step + 1, model=model, transport=transport)  # loom.weights.publish
 ```
 
 ``SyncStreamClient`` offers the same for a synchronous training loop; the scheduler's REST edge offers it to
@@ -38,6 +38,7 @@ from loom.protocol import (
 from loom.runtime import bus
 from loom.runtime.lease import lease_ttl
 from loom.trainer.buffer import Batch, SampleBuffer
+from loom.weights.publish import Transport, Weights, deliver_during
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,16 +106,40 @@ class StreamClient:
     async def update_weights(
         self,
         version: int,
-        path: str | None,
+        path: str | None = None,
         timeout: float = 600.0,  # noqa: ASYNC109
         async_fetch: bool = True,
+        *,
+        model: Weights | None = None,
+        transport: Transport | None = None,
     ) -> WeightUpdateResult:
-        """Load ``path`` on every engine of the stream's model as ``version`` while they generate, then pause
-        them (requests held, not failed), switch all, resume. All or nothing: when one worker cannot load
-        it, none switches and this raises ``bus.BusError`` with the reason. ``async_fetch`` false loads
-        inside the pause instead."""
-        u = WeightUpdate(self.id, version, path, timeout_s=timeout, async_fetch=async_fetch)
-        res = await _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30)
+        """Move every engine of the stream's model to ``version``: the checkpoint at ``path``, or ``model``'s
+        weights by ``transport`` (``loom.weights.publish``: written to disk, broadcast, or published to the
+        store). Engines take disk and store versions while they generate, then pause (requests held, not
+        failed), switch all, resume; a broadcast arrives inside the pause. All or nothing: when one worker
+        cannot take it, none switches and this raises ``bus.BusError`` with the reason. ``async_fetch``
+        false takes every version inside the pause."""
+        if transport is None:
+            u = WeightUpdate(self.id, version, path, timeout_s=timeout, async_fetch=async_fetch)
+            res = await _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30)
+        else:
+            if model is None:
+                raise ValueError("a transport moves a model's weights: give the model")
+            ref = await transport.stage(version, model)
+            u = WeightUpdate(
+                self.id,
+                version,
+                ref.path,
+                timeout_s=timeout,
+                async_fetch=async_fetch and transport.while_generating,
+                weights=ref,
+            )
+            res = await deliver_during(
+                transport,
+                ref,
+                timeout,
+                _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout + 30),
+            )
         await self.refresh()
         return res
 
@@ -190,9 +215,18 @@ class SyncStreamClient:
         return self._run(self._client.get_batch(n_groups, timeout))
 
     def update_weights(
-        self, version: int, path: str | None, timeout: float = 600.0, async_fetch: bool = True
+        self,
+        version: int,
+        path: str | None = None,
+        timeout: float = 600.0,
+        async_fetch: bool = True,
+        *,
+        model: Weights | None = None,
+        transport: Transport | None = None,
     ) -> WeightUpdateResult:
-        return self._run(self._client.update_weights(version, path, timeout, async_fetch))
+        return self._run(
+            self._client.update_weights(version, path, timeout, async_fetch, model=model, transport=transport)
+        )
 
     def close(self, cancel: bool = True) -> None:
         try:

@@ -458,6 +458,9 @@ def train_step(
                 sequence_logprobs(model, batch.select(s), cfg.temperature, cfg.head_chunk) for _, s in pairs
             ]
     totals = {"loss": 0.0, "clip_frac": 0.0, "is_weight": 0.0, "is_truncated": 0.0, "kl": 0.0}
+    # The trainer's log-probs under the weights it has before this update against the engine's (behaviour)
+    # for the same tokens: on-policy tokens (made by the fleet at this very version) must agree.
+    agree = 0.0
     grad_norm = 0.0
     entropy_sum = 0.0
     trained = 0
@@ -475,6 +478,8 @@ def train_step(
         )
         logp = sequence_logprobs(model, sub, cfg.temperature, cfg.head_chunk, grad_of)
         logp_old = logp.detach() if lp_old is None else lp_old
+        if (lp_old is not None or trained == 0) and logp_old.numel():
+            agree = max(agree, float((logp_old - behaviour).abs().max()))
         ref = None
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
@@ -497,6 +502,7 @@ def train_step(
         "grad_norm": grad_norm,
         "tokens": float(n_tokens),
         "trained_tokens": float(trained),
+        "logprob_max_abs_diff": agree,
     }
     for key in ("clip_frac", "is_weight", "is_truncated", "kl"):
         out[key] = totals[key] / trained if trained else 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import itertools
 import time
@@ -40,6 +41,7 @@ from loom.engine.clients.hf_batch import (
 )
 from loom.engine.clients.hf_spec import Drafts, StepCost, paying_width, verify_row
 from loom.speculative.drafter import MOST, Draft
+from loom.weights import Incoming
 
 __all__ = ["HFEngine"]
 
@@ -166,13 +168,17 @@ class HFEngine:
         # No prefix cache across requests: a migrated trajectory pays its prefill wherever it lands.
         return None
 
-    async def prepare_weights(self, version: str, path: str | None) -> None:
-        if path is None:
-            raise ValueError("the transformers engine needs a checkpoint path to prepare weights")
+    async def prepare_weights(self, version: str, weights: Incoming) -> None:
         if self._model is None:
             raise RuntimeError("HFEngine is not started: no serving weights to check against")
-        # Its own thread, not the engine's: serving goes on while a large checkpoint loads.
-        model = await asyncio.to_thread(_inference, self._load_checked, path, self._model)
+        if weights.ref.transport == "disk":
+            if weights.path is None:
+                raise ValueError("the transformers engine needs a checkpoint path to prepare weights")
+            # Its own thread, not the engine's: serving goes on while a large checkpoint loads.
+            model = await asyncio.to_thread(_inference, self._load_checked, weights.path, self._model)
+        else:
+            state = await weights.tensors()
+            model = await asyncio.to_thread(_inference, self._from_state, state, self._model)
         self._prepared = (version, model)
 
     async def commit_weights(self, version: str) -> None:
@@ -381,6 +387,14 @@ class HFEngine:
                 cache, _ = prefill(model, seq.prompt + seq.output_ids[:-1])
                 batch.add(seq, cache)
         self._model, self._batch = model, batch
+
+    def _from_state(self, state: dict[str, torch.Tensor], serving: PreTrainedModel) -> PreTrainedModel:
+        """The serving model's architecture with ``state``'s weights: every tensor it has, no other, each of
+        its shape, in the serving model's dtype (load_state_dict raises, naming them, otherwise)."""
+        torch.set_num_threads(self.threads)
+        model = copy.deepcopy(serving)
+        model.load_state_dict(state, strict=True)
+        return model
 
     def _load_checked(self, path: str, serving: PreTrainedModel) -> PreTrainedModel:
         torch.set_num_threads(self.threads)

@@ -15,6 +15,7 @@ import aiohttp
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+from loom.weights import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,12 @@ class HTTPEngine:
 
     # Weights: both servers load a checkpoint in place, at the commit; nothing loads beside the serving ones.
 
-    async def prepare_weights(self, version: str, path: str | None) -> None:
+    async def prepare_weights(self, version: str, weights: Incoming) -> None:
+        if weights.ref.transport != "disk":
+            raise ValueError(
+                f"{self.server} takes weights from a checkpoint on disk here, not by {weights.ref.transport}"
+            )
+        path = weights.path
         if not path:
             raise ValueError(f"weight version {version!r} needs a checkpoint path for {self.server} to load")
         self._pending[version] = path

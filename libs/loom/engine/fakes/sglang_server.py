@@ -57,6 +57,7 @@ from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
+from loom.weights import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ class _SimServer:
         if obj.weight_version is not None:
             self.weight_version = obj.weight_version
             message += f" Weight version updated to {obj.weight_version}."
-        await self.engine.prepare_weights(self.weight_version, None)
+        await self.engine.prepare_weights(self.weight_version, Incoming.disk(None))
         await self.engine.commit_weights(self.weight_version, flush_cache=obj.flush_cache)
         if obj.flush_cache:
             self.keys.clear()

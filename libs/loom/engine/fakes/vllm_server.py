@@ -67,6 +67,7 @@ from loom.engine.clients.vllm import engine_rid
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
+from loom.weights import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +445,7 @@ class _SimServer:
         self.weight_version = obj.new_version
         _keep(self.received.versions, obj.new_version)
         # The simulator labels outputs by its core's weights: relabel them, keeping the KV (a reload does).
-        await self.engine.prepare_weights(obj.new_version, None)
+        await self.engine.prepare_weights(obj.new_version, Incoming.disk(None))
         await self.engine.commit_weights(obj.new_version, flush_cache=False)
         return JSONResponse({"success": True, "new_version": obj.new_version})
 
@@ -467,7 +468,7 @@ class _SimServer:
         as vLLM preempts them. The core does exactly this when it switches weights, so it switches to the
         weights it has."""
         label = self.engine.core.weight_version
-        await self.engine.prepare_weights(label, None)
+        await self.engine.prepare_weights(label, Incoming.disk(None))
         await self.engine.commit_weights(label, flush_cache=True)
         self.keys.clear()
 

@@ -12,6 +12,8 @@ from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.model.train_perf import weight_sync_s
 from loom.engine.sim.core import SimCore, build_core
 from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs, synth_top_logprobs
+from loom.weights import Incoming
+from loom.weights.manifest import check_against
 
 __all__ = ["SimCore", "SimEngine"]
 
@@ -46,6 +48,7 @@ class SimEngine:
         # The link new weights arrive over ("rdma" within the trainer's cluster, "tcp" from another):
         # preparing them takes RollArt Table 3's transfer time for the model; None: they are local.
         self.fetch_s = weight_sync_s(model, weight_link) if weight_link else 0.0
+        self.received_bytes = 0  # of weights that came by broadcast or from a store
         self.core = build_core(
             model,
             gpu,
@@ -126,11 +129,17 @@ class SimEngine:
         await self.clock.sleep(lands - self.clock.now())
         self._catch_up()
 
-    async def prepare_weights(self, version: str, path: str | None) -> None:
-        """The simulator has no weights to load: any checkpoint will do, or none, but a ``path`` that does not
-        exist fails as a real engine's load would (tests of a failing worker give one). The transfer takes
-        ``fetch_s`` of simulated time; generation goes on meanwhile unless the engine is paused."""
-        if path is not None and not await asyncio.to_thread(os.path.exists, path):
+    async def prepare_weights(self, version: str, weights: Incoming) -> None:
+        """The simulator serves no weights, but takes them as a real engine would: a checkpoint path that does
+        not exist fails (tests of a failing worker give one), and a broadcast or a store's version is received
+        for real and checked (the trainer's broadcast needs every member of its group), then dropped. A disk
+        transfer takes ``fetch_s`` of simulated time; generation goes on meanwhile unless the engine is paused."""
+        path = weights.path
+        if weights.ref.transport != "disk":
+            got = await weights.tensors()
+            check_against(weights.ref.tensors, got)
+            self.received_bytes += sum(t.numel() * t.element_size() for t in got.values())
+        elif path is not None and not await asyncio.to_thread(os.path.exists, path):
             raise FileNotFoundError(f"no checkpoint at {path!r} for weight version {version!r}")
         if self.fetch_s:
             await self.clock.sleep(self.fetch_s)
