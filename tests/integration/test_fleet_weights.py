@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,16 +95,23 @@ def _stream_spec() -> StreamSpec:
     return StreamSpec(model=MODEL, dataset={"name": "swe-replay", "limit": 1}, group_size=1, lease_s=60.0)  # type: ignore[arg-type]
 
 
-async def test_suspend_update_resume_on_real_weight_workers(
-    nc: NATS, services: Services, ckpts: dict[str, Path]
-) -> None:
-    w0 = await start_hf_worker(services, "w0", ckpts["v0"])
-    w1 = await start_hf_worker(services, "w1", ckpts["v0"])
+async def _fleet_of_two(
+    nc: NATS, services: Services, start: Path
+) -> tuple[RolloutWorker, RolloutWorker, Any, StreamClient, GenClient]:
+    """Two transformers-engine workers serving ``start``, a router that sees both, the scheduler, a stream."""
+    w0 = await start_hf_worker(services, "w0", start)
+    w1 = await start_hf_worker(services, "w1", start)
     router = await start_router(services)
     await until(lambda: set(router.workers) == {"w0", "w1"}, within_s=20)
     await start_scheduler(services)
     stream = await StreamClient.create(nc, _stream_spec())
-    gen = GenClient(nc, lease_s=5.0)
+    return w0, w1, router, stream, GenClient(nc, lease_s=5.0)
+
+
+async def test_suspend_update_resume_on_real_weight_workers(
+    nc: NATS, services: Services, ckpts: dict[str, Path]
+) -> None:
+    w0, w1, _, stream, gen = await _fleet_of_two(nc, services, ckpts["v0"])
     try:
         # Generations long enough to be running on both workers when the update comes.
         calls = [asyncio.create_task(gen.generate(_req(stream.id, f"t{i}", 1200))) for i in range(4)]
@@ -225,13 +233,7 @@ async def test_weights_move_in_memory_by_broadcast_and_from_the_store(
     requests in flight kept), then by the bus's object store (fetched while generating); a worker that starts
     later takes the store's version itself, and one that starts after a broadcast holds its requests until
     the next broadcast includes it."""
-    w0 = await start_hf_worker(services, "w0", ckpts["v0"])
-    w1 = await start_hf_worker(services, "w1", ckpts["v0"])
-    router = await start_router(services)
-    await until(lambda: set(router.workers) == {"w0", "w1"}, within_s=20)
-    await start_scheduler(services)
-    stream = await StreamClient.create(nc, _stream_spec())
-    gen = GenClient(nc, lease_s=5.0)
+    w0, w1, router, stream, gen = await _fleet_of_two(nc, services, ckpts["v0"])
     collective, store = CollectiveTransport(), StoreTransport(nc.jetstream(timeout=30))
     try:
         calls = [asyncio.create_task(gen.generate(_req(stream.id, f"t{i}", 600))) for i in range(4)]

@@ -61,9 +61,24 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-class DiskTransport:
-    name: WeightTransport = "disk"
+class _Staged:
+    """A transport whose ``stage`` leaves the version where the workers take it themselves: nothing to
+    deliver, nothing to call off."""
+
     while_generating = True
+
+    async def deliver(self, ref: WeightsRef, timeout_s: float) -> None:
+        return None
+
+    def abandon(self, ref: WeightsRef) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class DiskTransport(_Staged):
+    name: WeightTransport = "disk"
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -76,34 +91,15 @@ class DiskTransport:
         path = await asyncio.to_thread(checkpoints.save, model, self.root / f"v{version}")
         return WeightsRef("disk", str(path))
 
-    async def deliver(self, ref: WeightsRef, timeout_s: float) -> None:
-        return None
 
-    def abandon(self, ref: WeightsRef) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-class StoreTransport:
+class StoreTransport(_Staged):
     name: WeightTransport = "store"
-    while_generating = True
 
     def __init__(self, js: JetStreamContext, keep: int = 2) -> None:
         self.publisher = StorePublisher(js, keep=keep)
 
     async def stage(self, version: int, model: Weights) -> WeightsRef:
         return await self.publisher.publish(version, state_of(model))
-
-    async def deliver(self, ref: WeightsRef, timeout_s: float) -> None:
-        return None
-
-    def abandon(self, ref: WeightsRef) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 class CollectiveTransport:
