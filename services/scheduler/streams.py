@@ -88,6 +88,7 @@ class StreamManager:
         self.tasks: dict[str, list] = {}  # stream -> its resolved TaskSpecs
         self._locks: dict[str, asyncio.Lock] = {}
         self._model_locks: dict[str, asyncio.Lock] = {}
+        self._tp: dict[str, int] = {}  # each rollout worker's tensor parallelism, as the registry last said
         self._assemblers: dict[str, asyncio.Task[None]] = {}
         m = rt.metrics
         self.m_groups = m.counter("stream_groups_total", "Stream groups by outcome", ["outcome"])
@@ -268,7 +269,8 @@ class StreamManager:
                 retry=retry,
                 delivered=st.delivered + len(delivered),
                 stale_groups=st.stale_groups + len(stale),
-                consumed_version=max(st.consumed_version, b.version),
+                # A report of stale groups alone (found while the trainer waits) takes no batch.
+                consumed_version=max(st.consumed_version, b.version) if b.groups else st.consumed_version,
                 lease_until=time.time() + st.spec.lease_s,
             )
             await self._save(self._maybe_complete(st))
@@ -346,11 +348,12 @@ class StreamManager:
             version = str(u.version)
             ref = u.ref()
             if ref.transport == "collective":
-                # One group: the trainer at rank 0, the workers after it, in the order the registry lists them.
-                refs = {
-                    w: msgspec.structs.replace(ref, rank=i + 1, world_size=len(workers) + 1)
-                    for i, w in enumerate(workers)
-                }
+                # One group: the trainer at rank 0, then each worker's engine, in the order the registry lists
+                # them, a rank per GPU of its tensor parallelism (a server joins at its offset + its TP rank).
+                offsets, world = {}, 1
+                for w in workers:
+                    offsets[w], world = world, world + self._tp.get(w, 1)
+                refs = {w: msgspec.structs.replace(ref, rank=offsets[w], world_size=world) for w in workers}
                 u = msgspec.structs.replace(u, async_fetch=False)
             else:
                 refs = dict.fromkeys(workers, ref)
@@ -392,6 +395,7 @@ class StreamManager:
         for attempt in range(attempts):
             members = await read_workers(self.rt.js, within_s=FLEET_MEMBER_S)
             workers = sorted(w for w, i in members.items() if i.model == model)
+            self._tp.update({w: members[w].tp for w in workers})
             if workers or attempt == attempts - 1:
                 return workers
             log.warning("no worker of %s in the registry; reading it again", model)

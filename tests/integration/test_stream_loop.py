@@ -155,6 +155,27 @@ async def test_the_bound_aborts_exactly_the_trajectories_that_violate_it(
         assert stale <= 2 * st.stale_groups + 2 * 6
 
 
+async def test_groups_gone_stale_in_the_buffer_are_sampled_again_while_the_trainer_waits(
+    nc: NATS, services: Services, reward: None
+) -> None:
+    """Every task of a finite stream started and finished, then the policy moved two versions on: every group
+    in the buffer is stale. The trainer waiting for a batch must have them sampled again at once; holding
+    them until a batch it can never complete (their tasks started, none left to start) waited for ever."""
+    await stack(services, speed=100.0)
+    async with await StreamClient.create(nc, spec(4, buffer_groups=4, async_bound=1)) as stream:
+        for _ in range(600):
+            st = await stream.refresh()
+            if len(st.open) == 4 and all(g.buffered for g in st.open.values()):
+                break
+            await asyncio.sleep(0.1)
+        assert all(g.buffered for g in st.open.values()) and st.next_pos == 4
+        for version in (1, 2):
+            await stream.update_weights(version, None)
+        batch = await stream.get_batch(2, timeout=60)
+        check_bound(batch, 1)
+        assert batch.stale >= 2 and all(g.start_version == 2 for g in batch.groups)
+
+
 async def test_crashes_mid_stream_lose_no_group_and_deliver_none_twice(
     nc: NATS, services: Services, reward: None
 ) -> None:

@@ -143,3 +143,34 @@ def test_a_reference_names_its_transport_and_refuses_a_bad_address() -> None:
         receive(ref)
     assert Incoming.disk("/x").path == "/x"
     assert Incoming(WeightsRef("store", address="b", group="g")).path is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=15), st.integers(1, 100))
+def test_vllm_chunks_close_right_after_the_tensor_that_crosses_the_buffer(
+    sizes: list[int], buffer: int
+) -> None:
+    specs = [TensorSpec(f"t{i}", "uint8", [n]) for i, n in enumerate(sizes)]
+    chunks = manifest.vllm_chunks(specs, buffer)
+    assert [i for first, last, _ in chunks for i in range(first, last)] == list(range(len(sizes)))
+    for k, (first, last, size) in enumerate(chunks):
+        assert size == sum(sizes[first:last])
+        # vLLM's producer and consumer both close a chunk at the first tensor that takes it past the buffer.
+        assert all(sum(sizes[first:j]) <= buffer for j in range(first + 1, last))
+        assert size > buffer or k == len(chunks) - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["buckets", "vllm", "per_tensor"]), unique=True), min_size=1, max_size=4
+    )
+)
+def test_the_format_picked_is_the_first_worker_s_best_that_every_worker_takes(
+    offers: list[list[str]],
+) -> None:
+    from loom.weights.collective import pick
+
+    got = pick(offers)
+    everyone = [f for f in offers[0] if all(f in o for o in offers)]
+    assert got == (everyone[0] if everyone else "")

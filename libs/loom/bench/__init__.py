@@ -26,6 +26,7 @@ def benchmarks() -> tuple[Benchmark, ...]:
         rollout,
         sandbox,
         speculative,
+        weights,
     )
 
     return (
@@ -43,4 +44,5 @@ def benchmarks() -> tuple[Benchmark, ...]:
         reward.BENCHMARK,
         rollmux.BENCHMARK,
         speculative.BENCHMARK,
+        weights.BENCHMARK,
     )

@@ -121,6 +121,7 @@ class SampleBuffer:
         sub = await self._subscription()
         got: list[tuple[Msg, SampleGroup]] = []
         stale: list[tuple[Msg, SampleGroup]] = []
+        dropped = 0  # stale groups reported while waiting
         while len(got) < n_groups:
             left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
             if left is not None and left <= 0:
@@ -151,6 +152,13 @@ class SampleBuffer:
                     await m.term()
                     continue
                 (got if bound.admits(g.start_version, st.version) else stale).append((m, g))
+            if stale and len(got) < n_groups:
+                # Reported now, not with the batch: the stream samples their tasks again only once told, and
+                # the batch may need those very tasks (a finite stream whose every task is started waits on
+                # them for ever otherwise).
+                await self._drop(stale, st.version)
+                dropped += len(stale)
+                stale = []
         groups = await asyncio.gather(*(self._read_group(g) for _, g in got))
         # Acknowledged before reported: a group reaches at most one trainer; the report is idempotent.
         for m, _ in got + stale:
@@ -160,10 +168,15 @@ class SampleBuffer:
         return Batch(
             groups=list(groups),
             version=st.version,
-            stale=len(stale),
+            stale=dropped + len(stale),
             waited_s=time.monotonic() - t0,
             staleness=[st.version - g.start_version for _, g in got],
         )
+
+    async def _drop(self, stale: list[tuple[Msg, SampleGroup]], version: int) -> None:
+        for m, _ in stale:
+            await m.ack()
+        await self.report(BatchTaken(self.stream_id, version, [], [g.group for _, g in stale]))
 
     async def _read_group(self, g: SampleGroup) -> Group:
         trajs = []

@@ -27,7 +27,11 @@ if TYPE_CHECKING:  # the engine interface names these; the CLI imports it and mu
     import torch
     from nats.js import JetStreamContext
 
-__all__ = ["Incoming"]
+__all__ = ["GROUP", "Incoming"]
+
+# The name of every broadcast's group (SGLang's default one): each update has a rendezvous store of its own,
+# so one name serves them all.
+GROUP = "weight_update_group"
 
 
 @dataclass(frozen=True)

@@ -1,63 +1,75 @@
 """The ``collective`` transport: the trainer broadcasts a version over torch.distributed to the workers.
 
-Each update forms a group of its own: the trainer is rank 0 and holds the rendezvous store (a ``TCPStore``
-on one port, for the trainer's whole life); the scheduler gives each worker its rank and the group's size
-(``WeightsRef.rank``, ``.world_size``), and the workers, as they join, write that size into the store, which
-is how the trainer learns it (the trainer does not know the fleet; the scheduler does). The group is the
-backend's own (``ProcessGroupGloo`` on CPUs, ``ProcessGroupNCCL`` on GPUs), built on the store directly, so
-a trainer whose ranks already form torch.distributed's default group (TRL under accelerate) is not
-disturbed. A group per update costs its rendezvous (milliseconds on gloo, about a second on NCCL) and
-follows a fleet whose workers come and go without any bookkeeping of who joined which group.
+Each update has a rendezvous of its own: ``Sender.ref`` opens a ``TCPStore`` (the trainer is its master and
+rank 0 of the group), the scheduler gives each worker its rank and the group's size (``WeightsRef.rank``,
+``.world_size``), and Loom's side of each worker announces itself in that store (``announce``: the group's
+size, which is how the trainer learns it, and the wire format its engine takes) before its engine joins. The
+group is built as SGLang's ``init_weights_update_group`` builds it (``init_custom_process_group``: the store,
+prefixed with the group's name, and torch's own process-group helper), so a real SGLang server, Loom's
+transformers and simulated engines and Loom's simulated servers all join the same way; one built apart from
+torch.distributed's default group leaves a trainer's own ranks (TRL under accelerate) undisturbed. A group
+per update follows a fleet whose workers come and go, at the cost of its rendezvous (milliseconds on gloo,
+about a second on NCCL).
 
-Buckets (``manifest.buckets``) go one broadcast each from rank 0, in the manifest's order; the trainer packs
-the next while one is on the wire. On gloo a checksum runs over the buffers as they move; on NCCL the
-buffers stay on the GPU (NCCL checks its own transfers) and none is taken.
+What goes on the wire, from rank 0, in the manifest's order, depends on the engines (``FORMATS``): each
+worker announces the formats its engine takes, best first, and the trainer picks the first of the first
+worker's that every worker takes, and publishes it:
+
+- ``buckets``: runs of tensors of one dtype, each flattened into a typed buffer of up to ``bucket_bytes``
+  (``manifest.buckets``): Loom's engines, and SGLang's ``flattened_bucket`` load format, one request a bucket.
+- ``vllm``: vLLM's packed transfer, raw bytes in chunks cut by its rule (``manifest.vllm_chunks``).
+- ``per_tensor``: one broadcast a tensor, which every engine takes (SGLang's default load format, vLLM
+  unpacked): what a fleet of vLLM and SGLang servers together gets.
+
+A CRC-32 runs over the bytes as they move (on gloo; on NCCL the buffers stay on the GPU and NCCL checks its
+transfers); the trainer publishes its own, every receiver that can check does, and each worker's Loom side
+marks itself done, after which the trainer closes the group and the store.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import secrets
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from loom.protocol import WeightsRef
-from loom.weights import manifest
+from loom.protocol import TensorSpec, WeightsRef
+from loom.weights import GROUP, manifest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cancelled", "Sender", "receive"]
+__all__ = [
+    "FORMATS",
+    "Cancelled",
+    "Sender",
+    "agreed",
+    "announce",
+    "connect",
+    "done",
+    "failed",
+    "join",
+    "leave",
+    "receive",
+    "take",
+    "verify",
+]
 
-# The key the workers write the group's size under (the trainer waits on it), in the group's own prefix.
-WORLD_KEY = "loom/world_size"
+Format = Literal["buckets", "vllm", "per_tensor"]
+FORMATS: tuple[Format, ...] = ("buckets", "vllm", "per_tensor")
 
 
 class Cancelled(RuntimeError):
     """The update was called off before its group formed."""
 
 
-def _group(backend: str, store: dist.Store, rank: int, size: int, timeout_s: float) -> Any:
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-    if not torch.cuda.is_available():
-        raise RuntimeError("the nccl backend needs a CUDA device; on CPUs use gloo")
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, size, opts)
-
-
-def _broadcast(pg: Any, buf: torch.Tensor) -> dist.Work:
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    opts.rootTensor = 0
-    return pg.broadcast([buf], opts)
+def _timeout(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -67,20 +79,141 @@ def _split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def connect(address: str, timeout_s: float) -> dist.TCPStore:
+    """A client of an update's rendezvous store."""
+    host, port = _split(address)
+    return dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout_s))
+
+
+def announce(store: dist.Store, rank: int, world_size: int, formats: tuple[Format, ...]) -> None:
+    """Loom's side of a worker, before its engine joins: the group's size and the formats its engine takes."""
+    store.set("loom/world_size", str(world_size))
+    store.set(f"loom/formats/{rank}", ",".join(formats))
+
+
+def agreed(store: dist.Store, timeout_s: float) -> Format:
+    """The format the trainer picked for this update (once every worker announced itself)."""
+    store.wait(["loom/format"], _timeout(timeout_s))
+    fmt = store.get("loom/format").decode()
+    if fmt not in FORMATS:
+        raise ValueError(f"the trainer found no weight format every worker takes ({fmt!r})")
+    return fmt
+
+
+def pick(offers: list[list[str]]) -> str:
+    """The first format of the first worker's offer that every worker takes ("" when none)."""
+    if not offers:
+        return ""
+    common = set(offers[0]).intersection(*offers[1:])
+    return next((f for f in offers[0] if f in common), "")
+
+
+def join(
+    store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float, name: str = GROUP
+) -> Any:
+    """Rank ``rank`` of the update's group (blocks until every rank has joined).
+
+    Its keys lie in the store where SGLang's ``init_custom_process_group`` puts them (the store prefixed with
+    the group's name, then torch's ``_new_process_group_helper`` prefixing it again and with the device), so a
+    real SGLang server joins the same group; the backend is built directly rather than through the helper,
+    whose registry holds one group of a name per process (a trainer and the workers in one process, as in
+    tests, would collide)."""
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("the nccl backend needs a CUDA device; on CPUs use gloo")
+    helper = dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store))
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(dist.PrefixStore("cpu/", helper), rank, world_size, _timeout(timeout_s))
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = _timeout(timeout_s)
+    return dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", helper), rank, world_size, opts)
+
+
+def leave(pg: Any) -> None:
+    """Close the group (NCCL's communicator holds GPU memory until then)."""
+    if hasattr(pg, "shutdown"):
+        pg.shutdown()
+
+
+def broadcast(pg: Any, buf: torch.Tensor) -> Any:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    return pg.broadcast([buf], opts)
+
+
+def verify(store: dist.Store, running: int, timeout_s: float) -> None:
+    """Check the CRC of the bytes a worker took against the one the trainer published after its last bucket."""
+    store.wait(["loom/checksum"], _timeout(timeout_s))
+    want = store.get("loom/checksum").decode()
+    if want and manifest.checksum(running) != want:
+        raise ValueError(f"weights arrived corrupt: checksum {manifest.checksum(running)}, sent {want}")
+
+
+def done(store: dist.Store, rank: int) -> None:
+    """Loom's side of a worker, once its engine holds the version: the trainer may close the group."""
+    store.set(f"loom/done/{rank}", "ok")
+
+
+def failed(store: dist.Store, rank: int, error: BaseException) -> None:
+    """A worker that could not take the version says so, so the trainer does not wait for it in vain."""
+    try:
+        store.set(f"loom/done/{rank}", f"failed: {type(error).__name__}: {error}"[:500])
+    except Exception:
+        log.debug("could not tell the trainer that rank %d failed", rank, exc_info=True)
+
+
+def chunks(
+    tensors: list[TensorSpec], fmt: Format, bucket_bytes: int
+) -> Iterator[tuple[int, int, torch.dtype, int]]:
+    """(first, last, buffer dtype, buffer elements) of each broadcast, in order."""
+    if fmt == "vllm":
+        for first, last, size in manifest.vllm_chunks(tensors, bucket_bytes):
+            yield first, last, torch.uint8, size
+    elif fmt == "per_tensor":
+        for i, spec in enumerate(tensors):
+            yield i, i + 1, getattr(torch, spec.dtype), math.prod(spec.shape)
+    else:
+        for b in manifest.buckets(tensors, bucket_bytes):
+            yield b.first, b.last, getattr(torch, b.dtype), b.numel
+
+
+def unpack(
+    first: int, last: int, buf: torch.Tensor, tensors: list[TensorSpec], fmt: Format
+) -> Iterator[tuple[str, torch.Tensor]]:
+    if fmt == "vllm":
+        return manifest.unpack_bytes(first, last, buf, tensors)
+    return manifest.unpack(first, last, buf, tensors)
+
+
+def take(
+    pg: Any, tensors: list[TensorSpec], fmt: Format, bucket_bytes: int, device: str, running: int
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Receive every broadcast of a version: its tensors, and the CRC continued over their bytes."""
+    out: dict[str, torch.Tensor] = {}
+    for first, last, dtype, n in chunks(tensors, fmt, bucket_bytes):
+        buf = torch.empty(n, dtype=dtype, device=device)
+        broadcast(pg, buf).wait()
+        if buf.device.type == "cpu":
+            running = manifest.crc(buf, running)
+        out.update(unpack(first, last, buf, tensors, fmt))
+    return out, running
+
+
 @dataclass
 class Sent:
     world_size: int
+    format: str
     bytes: int
-    seconds: float  # from the group forming to the last bucket on the wire
-    wait_s: float  # waiting for the workers to join
+    seconds: float  # from the group forming to every worker done
+    wait_s: float  # waiting for the workers to announce themselves
 
 
 class Sender:
-    """The trainer's side: the rendezvous store, and rank 0 of each update's group.
+    """The trainer's side: each update's rendezvous store, and rank 0 of its group.
 
-    ``host`` is the interface to listen on, ``advertise`` the name the workers reach it by (a multi-node
-    run: the trainer node's address; the port must be reachable from every worker, as must the ports the
-    backend opens for its own connections)."""
+    ``host`` is the interface to listen on, ``advertise`` the name the workers reach it by (a multi-node run:
+    the trainer node's address). ``port`` 0 takes a free port per update; a fixed one is taken again by each
+    update (one at a time). The backend's own connections need their ports too."""
 
     def __init__(
         self,
@@ -90,22 +223,23 @@ class Sender:
         backend: str | None = None,
         bucket_bytes: int = manifest.DEFAULT_BUCKET_BYTES,
     ) -> None:
+        self.host, self.port, self.advertise = host, port, advertise or host
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.bucket_bytes = bucket_bytes
-        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
-        self.address = f"{advertise or host}:{self.store.port}"
-        self._nonce = secrets.token_hex(4)
-        self._updates = 0
+        self._stores: dict[str, dist.TCPStore] = {}
         self._cancelled: set[str] = set()
+        self._updates = 0
 
     def ref(self, state: Mapping[str, torch.Tensor]) -> WeightsRef:
-        """A new update's reference: its group, and the tensors it will carry (no checksum: the trainer
-        computes it as the buckets go, and the workers check theirs against the one it publishes)."""
+        """A new update: its store opened, the tensors it will carry (the checksum follows on the wire)."""
         self._updates += 1
+        store = dist.TCPStore(self.host, self.port, is_master=True, wait_for_workers=False)
+        group = f"u{self._updates}-{store.port}"
+        self._stores[group] = store
         return WeightsRef(
             "collective",
-            address=self.address,
-            group=f"{self._nonce}-{self._updates}",
+            address=f"{self.advertise}:{store.port}",
+            group=group,
             backend=self.backend,  # type: ignore[arg-type]
             bucket_bytes=self.bucket_bytes,
             tensors=manifest.specs(state),
@@ -115,61 +249,96 @@ class Sender:
         """Call off ``ref``'s broadcast if its group has not formed (the fleet update failed before)."""
         self._cancelled.add(ref.group)
 
-    def send(self, ref: WeightsRef, state: Mapping[str, torch.Tensor], timeout_s: float = 600.0) -> Sent:
-        """Blocking: wait for the workers, form the group, broadcast every bucket, publish the checksum."""
-        store = dist.PrefixStore(f"{ref.group}/", self.store)
+    def _announced(self, store: dist.TCPStore, ref: WeightsRef, timeout_s: float) -> tuple[int, Format]:
         t0 = time.monotonic()
-        while not store.check([WORLD_KEY]):
+        world = 0
+        while True:
             if ref.group in self._cancelled:
                 raise Cancelled(f"update {ref.group} called off before its workers joined")
             if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"no worker joined update {ref.group} in {timeout_s:.0f} s")
-            time.sleep(0.02)
-        world = int(store.get(WORLD_KEY))
-        joined = time.monotonic()
-        pg = _group(ref.backend, store, 0, world, timeout_s)
+                raise TimeoutError(
+                    f"the workers of update {ref.group} did not all announce themselves in {timeout_s:.0f} s"
+                )
+            if not world and store.check(["loom/world_size"]):
+                world = int(store.get("loom/world_size"))
+            if world and store.check([f"loom/formats/{r}" for r in range(1, world)]):
+                break
+            time.sleep(0.01)
+        offers = [store.get(f"loom/formats/{r}").decode().split(",") for r in range(1, world)]
+        fmt = pick(offers)
+        store.set("loom/format", fmt)  # the workers wait for it (an empty one fails them)
+        if not fmt:
+            raise ValueError(f"the fleet's engines take no weight format in common: {offers}")
+        return world, fmt  # type: ignore[return-value]
+
+    def send(self, ref: WeightsRef, state: Mapping[str, torch.Tensor], timeout_s: float = 600.0) -> Sent:
+        """Blocking: wait for the workers, form the group, broadcast every chunk, wait for every worker."""
+        store = self._stores.pop(ref.group)
+        try:
+            t0 = time.monotonic()
+            world, fmt = self._announced(store, ref, timeout_s)
+            if fmt == "vllm" and self.backend == "nccl":
+                raise RuntimeError(
+                    "a real vLLM server takes a broadcast on its own NCCL communicator (PyNccl over vLLM's "
+                    "StatelessProcessGroup): move its weights with the disk or store transport"
+                )
+            joined = time.monotonic()
+            pg = join(store, 0, world, ref.backend, timeout_s)
+            try:
+                moved, running = self._broadcast(pg, ref, state, fmt)
+                store.set("loom/checksum", manifest.checksum(running) if ref.backend == "gloo" else "")
+                store.wait([f"loom/done/{r}" for r in range(1, world)], _timeout(timeout_s))
+            finally:
+                leave(pg)
+            bad = {r: store.get(f"loom/done/{r}").decode() for r in range(1, world)}
+            bad = {r: v for r, v in bad.items() if v != "ok"}
+            if bad:
+                raise ValueError(f"update {ref.group}: not every worker took it: {bad}")
+            return Sent(world, fmt, moved, time.monotonic() - joined, joined - t0)
+        finally:
+            del store
+
+    def _broadcast(
+        self, pg: Any, ref: WeightsRef, state: Mapping[str, torch.Tensor], fmt: Format
+    ) -> tuple[int, int]:
         device = torch.device("cuda") if ref.backend == "nccl" else torch.device("cpu")
         tensors = list(state.values())
-        verify = ref.backend == "gloo"
         running, moved, work = 0, 0, None
-        for b in manifest.buckets(ref.tensors, ref.bucket_bytes):
-            buf = manifest.pack(b, tensors, device)
-            if verify:
+        for first, last, _, _ in chunks(ref.tensors, fmt, ref.bucket_bytes):
+            if fmt == "vllm":
+                buf = manifest.pack_bytes(first, last, tensors, device)
+            elif fmt == "per_tensor":
+                buf = tensors[first].detach().contiguous().reshape(-1).to(device)
+            else:
+                buf = manifest.pack(first, last, tensors, device)
+            if buf.device.type == "cpu":
                 running = manifest.crc(buf, running)
             if work is not None:
                 work.wait()
-            work, moved = _broadcast(pg, buf), moved + buf.numel() * buf.element_size()
+            work, moved = broadcast(pg, buf), moved + buf.numel() * buf.element_size()
         if work is not None:
             work.wait()
-        store.set("loom/checksum", manifest.checksum(running) if verify else "")
-        done = time.monotonic()
-        del pg
-        return Sent(world, moved, done - joined, joined - t0)
+        return moved, running
 
 
 def receive(ref: WeightsRef, timeout_s: float = 600.0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """A worker's side: join ``ref``'s group at its rank, take every bucket, check them; the state dict."""
+    """An engine in the worker's own process: announce, join at its rank, take every bucket, check; the
+    state dict."""
     if ref.transport != "collective" or ref.rank < 1 or ref.world_size < 2 or ref.rank >= ref.world_size:
         raise ValueError(f"not a collective update for a worker: rank {ref.rank} of {ref.world_size}")
-    host, port = _split(ref.address)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.PrefixStore(f"{ref.group}/", dist.TCPStore(host, port, is_master=False, timeout=timeout))
-    store.set(WORLD_KEY, str(ref.world_size))
-    pg = _group(ref.backend, store, ref.rank, ref.world_size, timeout_s)
-    out: dict[str, torch.Tensor] = {}
-    running = 0
-    for b in manifest.buckets(ref.tensors, ref.bucket_bytes):
-        buf = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=device)
-        _broadcast(pg, buf).wait()
+    store = connect(ref.address, timeout_s)
+    announce(store, ref.rank, ref.world_size, ("buckets", "per_tensor"))
+    try:
+        fmt = agreed(store, timeout_s)
+        pg = join(store, ref.rank, ref.world_size, ref.backend, timeout_s)
+        try:
+            out, running = take(pg, ref.tensors, fmt, ref.bucket_bytes, device, 0)
+        finally:
+            leave(pg)
         if ref.backend == "gloo":
-            running = manifest.crc(buf, running)
-        out.update(manifest.unpack(b, buf, ref.tensors))
-    del pg
-    # The trainer writes it once its last bucket is on the wire; a worker may get there first.
-    store.wait(["loom/checksum"], timeout)
-    want = store.get("loom/checksum").decode()
-    if want and manifest.checksum(running) != want:
-        raise ValueError(
-            f"weights {ref.group} arrived corrupt: checksum {manifest.checksum(running)}, sent {want}"
-        )
+            verify(store, running, timeout_s)
+    except BaseException as e:
+        failed(store, ref.rank, e)
+        raise
+    done(store, ref.rank)
     return out

@@ -76,20 +76,22 @@ def buckets(tensors: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES)
     return out
 
 
-def pack(bucket: Bucket, tensors: list[torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
-    """The bucket's tensors, flattened into one buffer of its dtype."""
-    parts = [t.detach().reshape(-1) for t in tensors[bucket.first : bucket.last]]
+def pack(
+    first: int, last: int, tensors: list[torch.Tensor], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Tensors ``first`` to ``last`` (one dtype), flattened into one buffer of it."""
+    parts = [t.detach().reshape(-1) for t in tensors[first:last]]
     if len(parts) == 1:
         return parts[0].to(device).contiguous()
     return torch.cat([p.to(device) for p in parts])
 
 
 def unpack(
-    bucket: Bucket, buf: torch.Tensor, tensors: list[TensorSpec]
+    first: int, last: int, buf: torch.Tensor, tensors: list[TensorSpec]
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The bucket's tensors as views of ``buf`` (which they keep alive)."""
+    """Tensors ``first`` to ``last`` as views of ``buf`` (which they keep alive)."""
     at = 0
-    for spec in tensors[bucket.first : bucket.last]:
+    for spec in tensors[first:last]:
         n = 1
         for d in spec.shape:
             n *= d
@@ -122,3 +124,39 @@ def check_against(tensors: list[TensorSpec], got: Mapping[str, torch.Tensor]) ->
             raise ValueError(
                 f"{name}: got {dtype_name(t)} {list(t.shape)}, the manifest says {s.dtype} {s.shape}"
             )
+
+
+def vllm_chunks(tensors: list[TensorSpec], buffer_bytes: int) -> list[tuple[int, int, int]]:
+    """vLLM's packed transfer (``packed_tensor.py``): tensors as raw bytes, concatenated, a chunk closed after
+    the tensor that takes it past ``buffer_bytes`` (so a chunk may exceed it) or at the end. (first, last,
+    bytes) per chunk; both sides must cut alike or the broadcasts do not match."""
+    out: list[tuple[int, int, int]] = []
+    first, size = 0, 0
+    for i, spec in enumerate(tensors):
+        size += nbytes(spec)
+        if size > buffer_bytes:
+            out.append((first, i + 1, size))
+            first, size = i + 1, 0
+    if first < len(tensors):
+        out.append((first, len(tensors), size))
+    return out
+
+
+def pack_bytes(
+    first: int, last: int, tensors: list[torch.Tensor], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    return torch.cat(
+        [t.detach().contiguous().reshape(-1).view(torch.uint8).to(device) for t in tensors[first:last]]
+    )
+
+
+def unpack_bytes(
+    first: int, last: int, buf: torch.Tensor, tensors: list[TensorSpec]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    at = 0
+    for spec in tensors[first:last]:
+        n = nbytes(spec)
+        yield spec.name, buf[at : at + n].view(getattr(torch, spec.dtype)).view(spec.shape)
+        at += n
+    if at != buf.numel():
+        raise ValueError(f"chunk of {buf.numel()} bytes holds {at}")

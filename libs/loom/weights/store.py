@@ -90,7 +90,7 @@ class StorePublisher:
         buckets = manifest.buckets(specs, self.bucket_bytes)
         running = 0
         for i, b in enumerate(buckets):
-            buf = manifest.pack(b, tensors)
+            buf = manifest.pack(b.first, b.last, tensors)
             running = manifest.crc(buf, running)
             data = buf.view(torch.uint8).numpy().tobytes()
             name = f"{group}.{i}"
@@ -134,7 +134,7 @@ async def fetch(js: JetStreamContext, ref: WeightsRef) -> dict[str, torch.Tensor
             torch.frombuffer(into.buf, dtype=torch.uint8).view(dtype) if size else torch.empty(0, dtype=dtype)
         )
         running = manifest.crc(buf, running)
-        out.update(manifest.unpack(b, buf, ref.tensors))
+        out.update(manifest.unpack(b.first, b.last, buf, ref.tensors))
         await asyncio.sleep(0)
     if manifest.checksum(running) != ref.checksum:
         raise ValueError(

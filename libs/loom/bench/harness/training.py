@@ -61,6 +61,15 @@ class Pool:
     gpus: int
     tp: int = 1
     link: str = "rdma"
+    # The weights come from a checkpoint on a shared filesystem at this rate instead (``loom bench weights``'s
+    # disk transport), written and read in the pause; None: over ``link`` at RollArt Table 3's rate.
+    disk_bytes_per_s: float | None = None
+
+    def sync_s(self, model: str) -> float:
+        """Seconds the new weights take to reach an engine of this pool."""
+        if self.disk_bytes_per_s is None:
+            return weight_sync_s(model, self.link)
+        return model_config(model).weight_bytes / self.disk_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,7 @@ def run_training(
     far_pool = [mode.async_update and p.link == "tcp" for p in pools]
     far = [e for e, i in zip(engines, pool_of, strict=True) if far_pool[i]]
     near = [e for e, i in zip(engines, pool_of, strict=True) if not far_pool[i]]
-    pause_s = max((weight_sync_s(model, pools[pool_of[e]].link) for e in near), default=0.0)
+    pause_s = max((pools[pool_of[e]].sync_s(model) for e in near), default=0.0)
     fetch_s = weight_sync_s(model, "tcp")
     load_s = max((local_load_s(model, p) for p in pools if p.link == "tcp"), default=0.0)
     # What the update holds up: the near pools' pause, or with none, the far pools' fetch where bound 0

@@ -9,15 +9,28 @@ import contextlib
 import itertools
 import json
 import logging
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
+import msgspec
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
+from loom.protocol import WeightsRef
 from loom.weights import Incoming
 
+if TYPE_CHECKING:  # torch, only where weights move: the CLI imports the clients and starts without it
+    import torch
+
+    from loom.weights.collective import Format
+
 log = logging.getLogger(__name__)
+
+# A version that came (or comes, from a store at the commit) by broadcast rather than from a checkpoint path.
+BROADCAST = ""
+# The relay of a store's version runs on this machine's loopback: the server is beside its worker.
+RELAY_HOST = "127.0.0.1"
+RELAY_TIMEOUT_S = 600.0
 
 
 class HTTPEngine:
@@ -25,6 +38,8 @@ class HTTPEngine:
     server: ClassVar[str]
     kind: ClassVar[str]
     error: ClassVar[type[RuntimeError]]
+    # How the server takes a broadcast, best first (loom.weights.collective.FORMATS).
+    weight_formats: ClassVar[tuple[Format, ...]]
 
     def __init__(
         self,
@@ -47,7 +62,12 @@ class HTTPEngine:
         # another worker loads the previous one back.
         self.serving_path = ""
         self.previous_path = ""
-        self._pending: dict[str, str] = {}  # checkpoint paths prepared, by weight version
+        self._pending: dict[
+            str, str
+        ] = {}  # checkpoint paths prepared (BROADCAST: no path), by weight version
+        self._fetched: dict[
+            str, dict[str, torch.Tensor]
+        ] = {}  # store versions fetched, to relay at the commit
         self._paused = False
         # The server's prefix cache still holds KV computed by old weights (a commit could not drop it):
         # dropped once this client has nothing in flight.
@@ -147,17 +167,65 @@ class HTTPEngine:
             EngineRequest(rid=rid, input_len=input_len, max_new_tokens=0, prefix_key=prefix_key)
         )
 
-    # Weights: both servers load a checkpoint in place, at the commit; nothing loads beside the serving ones.
+    # Weights: both servers load in place, nothing beside the serving ones. A checkpoint loads at the commit; a
+    # broadcast arrives at the prepare (inside the fleet's pause), through the server's own routes, the
+    # server joining the trainer's group; a store's version is fetched here while the server generates and
+    # broadcast from here to the server at the commit (this process as the group's rank 0).
 
     async def prepare_weights(self, version: str, weights: Incoming) -> None:
-        if weights.ref.transport != "disk":
-            raise ValueError(
-                f"{self.server} takes weights from a checkpoint on disk here, not by {weights.ref.transport}"
-            )
+        ref = weights.ref
+        if ref.transport == "collective":
+            await self._joined(version, ref, weights.timeout_s)
+            self._pending[version] = BROADCAST
+            return
+        if ref.transport == "store":
+            self._fetched[version] = await weights.tensors()
+            self._pending[version] = BROADCAST
+            return
         path = weights.path
         if not path:
             raise ValueError(f"weight version {version!r} needs a checkpoint path for {self.server} to load")
         self._pending[version] = path
+
+    async def _joined(self, version: str, ref: WeightsRef, timeout_s: float) -> None:
+        """Announce this worker in the update's store, have the server take the broadcast through its routes
+        (``_take``), and mark it done; a failure tells the trainer at once."""
+        from loom.weights import collective
+
+        store = await asyncio.to_thread(collective.connect, ref.address, timeout_s)
+        # The server joins with a rank per GPU of its tensor parallelism, from ``ref.rank`` on.
+        ranks = range(ref.rank, ref.rank + self.info.tp)
+        for r in ranks:
+            collective.announce(store, r, ref.world_size, self.weight_formats)
+        try:
+            fmt = await asyncio.to_thread(collective.agreed, store, timeout_s)
+            await self._take(version, ref, fmt)
+        except BaseException as e:
+            for r in ranks:
+                collective.failed(store, r, e)
+            raise
+        for r in ranks:
+            collective.done(store, r)
+
+    async def _take(self, version: str, ref: WeightsRef, fmt: Format) -> None:
+        """The server takes the broadcast as ``fmt``, through its own routes."""
+        raise NotImplementedError
+
+    async def _relay(self, version: str) -> None:
+        """A store's version, fetched at the prepare, broadcast from this process to the server."""
+        from loom.weights.collective import Sender
+
+        state = self._fetched.pop(version)
+        sender = Sender(host=RELAY_HOST)
+        ref = sender.ref(state)
+        mine = msgspec.structs.replace(ref, rank=1, world_size=1 + self.info.tp)
+        sending = asyncio.ensure_future(asyncio.to_thread(sender.send, ref, state, RELAY_TIMEOUT_S))
+        try:
+            await self._joined(version, mine, RELAY_TIMEOUT_S)
+        except BaseException:
+            sender.cancel(ref)
+            raise
+        await sending
 
     def _prepared(self, version: str) -> str:
         path = self._pending.get(version)
@@ -172,6 +240,7 @@ class HTTPEngine:
 
     async def discard_weights(self, version: str) -> None:
         self._pending.pop(version, None)
+        self._fetched.pop(version, None)
 
     # Load
 

@@ -26,13 +26,18 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.clients.http import HTTPEngine
+from loom.engine.clients.http import BROADCAST, HTTPEngine
 from loom.engine.token_ids import ContextIds
+from loom.protocol import WeightsRef
+from loom.weights import GROUP
+
+if TYPE_CHECKING:
+    from loom.weights.collective import Format
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,8 @@ class SGLangEngine(HTTPEngine):
     server = "SGLang"
     kind = "sglang"
     error = SGLangError
+    # One /update_weights_from_distributed a bucket (load_format "flattened_bucket"), else one for all.
+    weight_formats = ("buckets", "per_tensor")
 
     async def _handshake(self) -> None:
         model = await self._json("GET", "/get_model_info")
@@ -195,6 +202,11 @@ class SGLangEngine(HTTPEngine):
 
     async def commit_weights(self, version: str) -> None:
         path = self._prepared(version)
+        if path == BROADCAST:
+            if version in self._fetched:  # a store's version, fetched while generating: broadcast it now
+                await self._relay(version)
+            self._committed(version, path)
+            return
         # SGLang's flush after the load needs an idle scheduler: paused in place with requests running, it
         # fails and the scheduler dies on an assertion. Not paused, SGLang waits for the requests in flight
         # to finish before it loads, so the flush finds it idle. The requests a paused update leaves
@@ -214,6 +226,57 @@ class SGLangEngine(HTTPEngine):
             )
         self._committed(version, path)
         self._stale_cache = self._stale_cache or not flush
+
+    async def _take(self, version: str, ref: WeightsRef, fmt: Format) -> None:
+        """SGLang joins the trainer's group (``/init_weights_update_group``), takes the tensors through
+        ``/update_weights_from_distributed`` (``buckets``: one flattened bucket a request; ``per_tensor``: one
+        request, a broadcast a tensor), loading them in place, the version labelled and the cache flushed with
+        the last, and leaves it."""
+        from loom.weights import manifest
+
+        host, _, port = ref.address.rpartition(":")
+        group = {"group_name": GROUP}
+        await self._update(
+            "/init_weights_update_group",
+            {
+                "master_address": host,
+                "master_port": int(port),
+                "rank_offset": ref.rank,
+                "world_size": ref.world_size,
+                "backend": ref.backend,
+                **group,
+            },
+        )
+        # As at a checkpoint's commit: paused in place with requests running, SGLang's flush would fail.
+        flush = not (self._paused and self._inflight)
+        try:
+            if fmt == "buckets":
+                parts = [(b.first, b.last) for b in manifest.buckets(ref.tensors, ref.bucket_bytes)]
+            else:
+                parts = [(0, len(ref.tensors))]
+            for i, (first, end) in enumerate(parts):
+                part, last = ref.tensors[first:end], i == len(parts) - 1
+                body = {
+                    "names": [t.name for t in part],
+                    "dtypes": [t.dtype for t in part],
+                    "shapes": [t.shape for t in part],
+                    "flush_cache": flush and last,
+                    "abort_all_requests": False,
+                    "weight_version": version if last else None,
+                    "load_format": "flattened_bucket" if fmt == "buckets" else None,
+                    **group,
+                }
+                await self._update("/update_weights_from_distributed", body)
+        finally:
+            with contextlib.suppress(SGLangError, WeightUpdateError, ValueError):
+                await self._update("/destroy_weights_update_group", group)
+        self._stale_cache = self._stale_cache or not flush
+
+    async def _update(self, path: str, body: dict[str, Any]) -> None:
+        status, out = await self._answer("POST", path, body)
+        if not (isinstance(out, dict) and out.get("success")):
+            message = out.get("message") if isinstance(out, dict) else out
+            raise WeightUpdateError(f"{self.url}{path} (HTTP {status}): {message}")
 
     async def pause(self) -> None:
         # SGLang's default mode aborts everything in flight; "in_place" keeps requests and their KV, as the

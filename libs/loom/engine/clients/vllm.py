@@ -65,13 +65,17 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.clients.http import HTTPEngine
+from loom.engine.clients.http import BROADCAST, HTTPEngine
 from loom.engine.token_ids import ContextIds
+from loom.protocol import WeightsRef
+
+if TYPE_CHECKING:
+    from loom.weights.collective import Format
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,8 @@ class VLLMEngine(HTTPEngine):
     server = "vLLM"
     kind = "vllm"
     error = VLLMError
+    # Packed (raw bytes in chunks cut by vLLM's rule: packed_tensor.py), else unpacked, a broadcast a tensor.
+    weight_formats = ("vllm", "per_tensor")
     # The name vLLM serves the model by, which every completion names (read from /v1/models at start).
     served_model = ""
 
@@ -146,6 +152,13 @@ class VLLMEngine(HTTPEngine):
 
     async def commit_weights(self, version: str) -> None:
         path = self._prepared(version)
+        if path == BROADCAST:
+            if version in self._fetched:  # a store's version, fetched while generating: broadcast it now
+                await self._relay(version)
+            # /finish_weight_update labelled the version; the KV the cache holds came from the old weights.
+            self._committed(version, path)
+            self._stale_cache = not await self._reset_cache(running=True)
+            return
         failure = await self._reload(path)
         if failure is not None:
             restored = await self._reload(self.serving_path) if self.serving_path else "nothing to reload"
@@ -162,6 +175,34 @@ class VLLMEngine(HTTPEngine):
         # Every KV block came from the old weights: the running requests recompute theirs (vLLM preempts them
         # back to the queue, keeping their tokens), later ones miss the cache.
         self._stale_cache = not await self._reset_cache(running=True)
+
+    async def _take(self, version: str, ref: WeightsRef, fmt: Format) -> None:
+        """vLLM's weight-transfer engine joins the trainer's group (``/init_weight_transfer_engine``, packed
+        with the buckets' size), takes every tensor in one session (``/start_weight_update``,
+        ``/update_weights``, ``/finish_weight_update`` labelling the version), and shuts down."""
+        host, _, port = ref.address.rpartition(":")
+        init = {
+            "master_address": host,
+            "master_port": int(port),
+            "rank_offset": ref.rank,
+            "world_size": ref.world_size,
+            "packed": fmt == "vllm",
+            "packed_buffer_size_bytes": ref.bucket_bytes,
+            "packed_num_buffers": 2,
+        }
+        await self._json("POST", "/init_weight_transfer_engine", {"init_info": init})
+        try:
+            await self._json("POST", "/start_weight_update", {})
+            update = {
+                "names": [t.name for t in ref.tensors],
+                "dtype_names": [t.dtype for t in ref.tensors],
+                "shapes": [t.shape for t in ref.tensors],
+            }
+            await self._json("POST", "/update_weights", {"update_info": update})
+            await self._json("POST", "/finish_weight_update", {"weight_version": version})
+        finally:
+            with contextlib.suppress(VLLMError, ValueError):
+                await self._json("POST", "/shutdown_weight_transfer_engine", {})
 
     async def pause(self) -> None:
         # vLLM's default mode aborts everything in flight and "wait" drains it; "keep" freezes requests with

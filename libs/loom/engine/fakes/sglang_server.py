@@ -2,7 +2,8 @@
 
 It answers SGLang's native endpoints with SGLang's request and response shapes (python/sglang/srt/
 entrypoints/http_server.py and managers/io_struct.py upstream): /generate (JSON, or SSE when streamed),
-/abort_request, /pause_generation, /continue_generation, /update_weights_from_disk, /flush_cache,
+/abort_request, /pause_generation, /continue_generation, /update_weights_from_disk, the weight broadcast's
+/init_weights_update_group, /update_weights_from_distributed and /destroy_weights_update_group, /flush_cache,
 /get_model_info, /get_weight_version, /get_server_info, /get_load, /health, /health_generate, and /metrics
 in Prometheus text with SGLang's metric names. It behaves as SGLang started with
 --enable-priority-scheduling and --enable-metrics. Times, in responses and metrics, are simulated seconds.
@@ -26,17 +27,20 @@ weights kept. Any other string stands for a checkpoint that loads. After the loa
 (``flush_cache``, default true: the running requests recompute their context, see ``SimCore``; false keeps
 the old KV in use). Paused "in_place" or "retract" with requests in flight, SGLang's flush fails and its
 scheduler stops on an assertion, which this server answers with HTTP 500 instead. Pause modes: "abort"
-aborts what is in flight, "in_place" and "retract" both hold requests where they are.
+aborts what is in flight, "in_place" and "retract" both hold requests where they are. A broadcast update
+(/update_weights_from_distributed) takes the same lock and flush rules; its tensors arrive for real
+(``weight_transfer``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -55,6 +59,7 @@ from pydantic import BaseModel, ConfigDict
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
+from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 from loom.weights import Incoming
@@ -96,6 +101,33 @@ class UpdateWeightFromDiskReqInput(BaseModel):
     weight_version: str | None = None
     abort_all_requests: bool = False
     flush_cache: bool = True
+
+
+class InitWeightsUpdateGroupReqInput(BaseModel):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReqInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+    torch_empty_cache: bool = False
+
+
+class DestroyWeightsUpdateGroupReqInput(BaseModel):
+    group_name: str = "weight_update_group"
 
 
 class PauseGenerationReqInput(BaseModel):
@@ -208,6 +240,8 @@ class _SimServer:
         self._no_writer = asyncio.Event()
         self._no_writer.set()
         self._updating = asyncio.Lock()
+        self.groups: dict[str, Member] = {}  # weight-update groups joined, by name
+        self.received_bytes = 0  # of weights taken by broadcast
 
     # Generation
 
@@ -388,13 +422,17 @@ class _SimServer:
         if obj.abort_all_requests:
             for rid in list(self.inflight):
                 await self.engine.abort(rid)
+        return await self._as_writer(functools.partial(self._load, obj))
+
+    async def _as_writer(self, load: Callable[[], Awaitable[JSONResponse]]) -> JSONResponse:
+        """An update under SGLang's model-update lock: at once when paused, else after the requests in flight."""
         async with self._updating:
             if self.pause_mode is not None:  # SGLang loads at once when paused
-                return await self._load(obj)
+                return await load()
             self._no_writer.clear()
             try:
                 await self._no_readers.wait()
-                return await self._load(obj)
+                return await load()
             finally:
                 self._no_writer.set()
 
@@ -403,8 +441,18 @@ class _SimServer:
         if path.startswith(("/", "./", "../", "~")) and not await asyncio.to_thread(is_dir, path):
             # SGLang's loader finds no weights there: its model runner answers this, keeping the old weights.
             return _update_answer(False, f"Failed to get weights iterator: no model directory at {path}.")
+        refused = self._flush_refused(obj.flush_cache)
+        if refused is not None:
+            return refused
+        self.model_path = path
+        return _update_answer(
+            True,
+            await self._switch("Succeeded to update model weights.", obj.weight_version, obj.flush_cache),
+        )
+
+    def _flush_refused(self, flush_cache: bool) -> JSONResponse | None:
         load = self.engine.load()
-        if obj.flush_cache and self.pause_mode in ("in_place", "retract") and load.running + load.waiting:
+        if flush_cache and self.pause_mode in ("in_place", "retract") and load.running + load.waiting:
             # SGLang loads the weights, then its cache flush finds requests in the batch or, retracted, in
             # the queue, and the scheduler stops on `assert flush_cache_success`: the server is gone.
             # Refused here, loudly, instead.
@@ -415,16 +463,78 @@ class _SimServer:
             )
             log.error(message)
             return _update_answer(False, message, status=500)
-        self.model_path = path
-        message = "Succeeded to update model weights."
-        if obj.weight_version is not None:
-            self.weight_version = obj.weight_version
-            message += f" Weight version updated to {obj.weight_version}."
+        return None
+
+    async def _switch(self, message: str, weight_version: str | None, flush_cache: bool) -> str:
+        """The engine serves the new weights (labelled ``weight_version`` if given); SGLang's message."""
+        if weight_version is not None:
+            self.weight_version = weight_version
+            message += f" Weight version updated to {weight_version}."
         await self.engine.prepare_weights(self.weight_version, Incoming.disk(None))
-        await self.engine.commit_weights(self.weight_version, flush_cache=obj.flush_cache)
-        if obj.flush_cache:
+        await self.engine.commit_weights(self.weight_version, flush_cache=flush_cache)
+        if flush_cache:
             self.keys.clear()
-        return _update_answer(True, message)
+        return message
+
+    # Weights by broadcast (weight_transfer.Member: joins the trainer's group over gloo)
+
+    async def init_weights_update_group(self, obj: InitWeightsUpdateGroupReqInput) -> JSONResponse:
+        if obj.group_name in self.groups:
+            return _update_answer(False, f"Process group {obj.group_name!r} already exists.")
+        try:
+            self.groups[obj.group_name] = await Member.join(
+                obj.master_address,
+                obj.master_port,
+                obj.rank_offset,
+                obj.world_size,
+                obj.backend,
+                obj.group_name,
+            )
+        except Exception as e:
+            return _update_answer(False, f"Failed to initialize custom process group: {e}.")
+        return _update_answer(True, "Succeeded to initialize custom process group.")
+
+    async def update_weights_from_distributed(
+        self, obj: UpdateWeightsFromDistributedReqInput
+    ) -> JSONResponse:
+        member = self.groups.get(obj.group_name)
+        if member is None:
+            return _update_answer(False, f"Group {obj.group_name} not in _model_update_group.")
+        if obj.load_format not in (None, "flattened_bucket"):
+            return _update_answer(False, f"Unknown load_format {obj.load_format!r} for a distributed update.")
+        try:
+            tensors = specs(obj.names, obj.dtypes, obj.shapes)
+        except ValueError as e:
+            return _update_answer(False, str(e))
+        if obj.abort_all_requests:
+            for rid in list(self.inflight):
+                await self.engine.abort(rid)
+
+        async def load() -> JSONResponse:
+            refused = self._flush_refused(obj.flush_cache)
+            if refused is not None:
+                return refused
+            try:
+                await member.take(tensors, "flattened" if obj.load_format else "per_tensor")
+            except Exception as e:
+                return _update_answer(False, f"Failed to update parameter online: {e}.")
+            message = "Succeeded to update parameter online from distributed."
+            return _update_answer(True, await self._switch(message, obj.weight_version, obj.flush_cache))
+
+        return await self._as_writer(load)
+
+    async def destroy_weights_update_group(self, obj: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
+        member = self.groups.pop(obj.group_name, None)
+        if member is None:
+            return _update_answer(False, f"Group {obj.group_name} not in _model_update_group.")
+        try:
+            await member.check()  # the simulator's own check: every byte against the trainer's checksum
+        except Exception as e:
+            return _update_answer(False, f"Weights received corrupt: {e}.")
+        finally:
+            await member.leave()
+        self.received_bytes += member.bytes
+        return _update_answer(True, "Succeeded to destroy custom process group.")
 
     async def flush_cache(self) -> PlainTextResponse:
         # Forgetting every context key makes the cached prefixes unreachable; the simulator evicts them.
@@ -508,6 +618,11 @@ def build_app(engine: SimEngine) -> FastAPI:
     app.add_api_route("/pause_generation", server.pause_generation, methods=["POST"])
     app.add_api_route("/continue_generation", server.continue_generation, methods=["POST"])
     app.add_api_route("/update_weights_from_disk", server.update_weights_from_disk, methods=["POST"])
+    app.add_api_route("/init_weights_update_group", server.init_weights_update_group, methods=["POST"])
+    app.add_api_route(
+        "/update_weights_from_distributed", server.update_weights_from_distributed, methods=["POST"]
+    )
+    app.add_api_route("/destroy_weights_update_group", server.destroy_weights_update_group, methods=["POST"])
     app.add_api_route("/flush_cache", server.flush_cache, methods=["GET", "POST"])
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/health_generate", server.health_generate, methods=["GET"])

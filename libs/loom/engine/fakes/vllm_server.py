@@ -6,7 +6,9 @@ request and response shapes (paths inside the vllm 0.33.0 wheel): ``/v1/completi
 completion/protocol.py and serving.py), ``/v1/models`` (entrypoints/openai/models), ``/health`` and ``/version``
 (entrypoints/serve/instrumentator), ``/metrics`` in Prometheus text with vLLM's names and labels
 (v1/metrics/loggers.py), and the dev-mode routes ``/abort_requests``, ``/pause``, ``/resume``, ``/is_paused``,
-``/update_weight_version``, ``/weight_info`` (entrypoints/rl/online/api_router.py), ``/collective_rpc`` with the
+``/update_weight_version``, ``/weight_info``, the weight-transfer engine's ``/init_weight_transfer_engine``,
+``/start_weight_update``, ``/update_weights``, ``/finish_weight_update`` and ``/shutdown_weight_transfer_engine``
+(entrypoints/rl/online/api_router.py; the tensors arrive for real, over gloo: ``weight_transfer``), ``/collective_rpc`` with the
 workers' ``reload_weights`` and ``update_config`` (entrypoints/serve/dev/rpc/api_router.py,
 v1/worker/gpu_worker.py), ``/reset_prefix_cache`` (entrypoints/serve/dev/cache/api_router.py) and
 ``/server_info`` (entrypoints/serve/dev/server_info/api_router.py: the VllmConfig fields a client reads).
@@ -65,9 +67,10 @@ from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.vllm import engine_rid
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
+from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
 from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
-from loom.weights import Incoming
+from loom.weights import GROUP, Incoming
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,44 @@ class UpdateWeightVersion(BaseModel):
     new_version: str
 
 
+class NCCLInitInfo(BaseModel):
+    """vLLM's ``NCCLWeightTransferInitInfo`` (distributed/weight_transfer/nccl_common.py): unknown fields are
+    refused, as its ``cls(**init_info)`` refuses them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    master_address: str | None = None
+    master_port: int | None = None
+    rank_offset: int
+    world_size: int
+    nccl_unique_id_b64: str | None = None
+    packed: bool = False
+    packed_buffer_size_bytes: int = 1 << 30
+    packed_num_buffers: int = 2
+
+
+class NCCLUpdateInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+
+class InitWeightTransfer(BaseModel):
+    init_info: dict[str, Any]
+
+
+class UpdateWeights(BaseModel):
+    update_info: dict[str, Any]
+
+
+class FinishWeightUpdate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    weight_version: str | None = None
+
+
 class Received(BaseModel):
     """What the server was asked to do, in order (the last ``RECEIVED_KEPT`` of each)."""
 
@@ -135,6 +176,7 @@ class Received(BaseModel):
     versions: list[str] = Field(default_factory=list)  # labels /update_weight_version set
     cache_resets: list[bool] = Field(default_factory=list)  # reset_running_requests of each success
     scored: int = 0  # completion requests with prompt_logprobs
+    transferred: list[str] = Field(default_factory=list)  # versions finished by the weight-transfer engine
 
 
 class _Metrics:
@@ -231,6 +273,11 @@ class _SimServer:
         self.idle.set()
         self.pause_mode: str | None = None
         self.refusing = False  # paused "abort" or "wait": new requests get 503
+        # The weight-transfer engine (weight_transfer.Member: the trainer's group, joined over gloo).
+        self.transfer: Member | None = None
+        self.transfer_info: NCCLInitInfo | None = None
+        self.updating = False  # between /start_weight_update and /finish_weight_update
+        self.received_bytes = 0
 
     # Generation
 
@@ -449,6 +496,76 @@ class _SimServer:
         await self.engine.commit_weights(obj.new_version, flush_cache=False)
         return JSONResponse({"success": True, "new_version": obj.new_version})
 
+    # The weight-transfer engine (entrypoints/rl/online/api_router.py, v1/worker/gpu_worker.py's session guard)
+
+    async def init_weight_transfer_engine(self, obj: InitWeightTransfer) -> JSONResponse:
+        try:
+            info = NCCLInitInfo(**obj.init_info)
+        except ValueError as e:
+            return _error(f"Invalid init_info: {e}", 500)
+        if info.master_address is None or info.master_port is None:
+            return _error("the simulator joins by master_address and master_port, not an NCCL unique id", 500)
+        if self.transfer is not None:
+            await self.transfer.leave()
+        try:
+            self.transfer = await Member.join(
+                info.master_address, info.master_port, info.rank_offset, info.world_size, "gloo", GROUP
+            )
+        except Exception as e:
+            self.transfer = None
+            return _error(f"init_weight_transfer_engine failed: {e}", 500)
+        self.transfer_info = info
+        return JSONResponse({"message": "Weight transfer initialized"})
+
+    async def start_weight_update(self) -> JSONResponse:
+        if self.updating:
+            return _error("start_weight_update was already called: a weight update is in progress", 500)
+        self.updating = True
+        return JSONResponse({"message": "Weight update started"})
+
+    async def update_weights(self, obj: UpdateWeights) -> JSONResponse:
+        if not self.updating:
+            return _error("start_weight_update must be called before update_weights", 500)
+        if self.transfer is None or self.transfer_info is None:
+            return _error("the weight transfer engine is not initialized", 500)
+        try:
+            info = NCCLUpdateInfo(**obj.update_info)
+            tensors = specs(info.names, info.dtype_names, info.shapes)
+        except ValueError as e:
+            self.updating = False  # a failed update ends the session
+            return _error(f"Invalid update_info: {e}", 500)
+        packed = self.transfer_info.packed
+        try:
+            await self.transfer.take(
+                tensors, "vllm" if packed else "per_tensor", self.transfer_info.packed_buffer_size_bytes
+            )
+        except Exception as e:
+            self.updating = False
+            return _error(f"update_weights failed: {e}", 500)
+        return JSONResponse({"message": "Weights updated"})
+
+    async def finish_weight_update(self, obj: FinishWeightUpdate | None = None) -> JSONResponse:
+        if not self.updating:
+            return _error("finish_weight_update was called without a matching start_weight_update", 500)
+        self.updating = False
+        if self.transfer is not None:
+            try:
+                await self.transfer.check()  # the simulator's own check: every byte against the trainer's CRC
+            except Exception as e:
+                return _error(f"weights received corrupt: {e}", 500)
+        version = (obj or FinishWeightUpdate()).weight_version
+        if version is not None:
+            await self.update_weight_version(UpdateWeightVersion(new_version=version))
+            _keep(self.received.transferred, version)
+        return JSONResponse({"message": "Weight update finished"})
+
+    async def shutdown_weight_transfer_engine(self) -> JSONResponse:
+        if self.transfer is not None:
+            self.received_bytes += self.transfer.bytes
+            await self.transfer.leave()
+        self.transfer, self.transfer_info = None, None
+        return JSONResponse({"message": "Weight transfer engine shut down"})
+
     async def weight_info(self) -> JSONResponse:
         return JSONResponse({"weight_version": self.weight_version})
 
@@ -552,6 +669,13 @@ def build_app(engine: SimEngine) -> FastAPI:
     app.add_api_route("/collective_rpc", server.collective_rpc, methods=["POST"])
     app.add_api_route("/update_weight_version", server.update_weight_version, methods=["POST"])
     app.add_api_route("/weight_info", server.weight_info, methods=["GET"])
+    app.add_api_route("/init_weight_transfer_engine", server.init_weight_transfer_engine, methods=["POST"])
+    app.add_api_route("/start_weight_update", server.start_weight_update, methods=["POST"])
+    app.add_api_route("/update_weights", server.update_weights, methods=["POST"])
+    app.add_api_route("/finish_weight_update", server.finish_weight_update, methods=["POST"])
+    app.add_api_route(
+        "/shutdown_weight_transfer_engine", server.shutdown_weight_transfer_engine, methods=["POST"]
+    )
     app.add_api_route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"])
     app.add_api_route("/server_info", server.server_info, methods=["GET"])
     app.add_api_route("/health", server.health, methods=["GET"])

@@ -13,7 +13,6 @@ from loom.engine.model.train_perf import weight_sync_s
 from loom.engine.sim.core import SimCore, build_core
 from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs, synth_top_logprobs
 from loom.weights import Incoming
-from loom.weights.manifest import check_against
 
 __all__ = ["SimCore", "SimEngine"]
 
@@ -136,11 +135,18 @@ class SimEngine:
         transfer takes ``fetch_s`` of simulated time; generation goes on meanwhile unless the engine is paused."""
         path = weights.path
         if weights.ref.transport != "disk":
+            # Only here: torch stays out of the service images, which run this engine (stack_images).
+            from loom.weights.manifest import check_against
+
             got = await weights.tensors()
             check_against(weights.ref.tensors, got)
             self.received_bytes += sum(t.numel() * t.element_size() for t in got.values())
         elif path is not None and not await asyncio.to_thread(os.path.exists, path):
             raise FileNotFoundError(f"no checkpoint at {path!r} for weight version {version!r}")
+        elif path is not None and await asyncio.to_thread(_has_safetensors, path):
+            # A real checkpoint is read as an engine reads it (what moving weights by disk costs).
+            got = await weights.tensors()
+            self.received_bytes += sum(t.numel() * t.element_size() for t in got.values())
         if self.fetch_s:
             await self.clock.sleep(self.fetch_s)
         self._prepared[version] = path
@@ -247,3 +253,7 @@ def _with_logprobs(req: EngineRequest, out: EngineOutput, key: str) -> EngineOut
         if req.top_logprobs:
             out.output_top_logprobs = synth_top_logprobs(key + "/top", out.output_ids, lps, req.top_logprobs)
     return out
+
+
+def _has_safetensors(path: str) -> bool:
+    return os.path.isdir(path) and any(name.endswith(".safetensors") for name in os.listdir(path))
