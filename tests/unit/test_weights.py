@@ -21,7 +21,7 @@ from loom.weights.publish import CollectiveTransport, deliver_during
 DTYPES = ("float32", "bfloat16", "int64")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 6), max_size=3)), max_size=12),
     st.integers(1, 200),
@@ -145,7 +145,7 @@ def test_a_reference_names_its_transport_and_refuses_a_bad_address() -> None:
     assert Incoming(WeightsRef("store", address="b", group="g")).path is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 50), max_size=15), st.integers(1, 100))
 def test_vllm_chunks_close_right_after_the_tensor_that_crosses_the_buffer(
     sizes: list[int], buffer: int
@@ -160,7 +160,7 @@ def test_vllm_chunks_close_right_after_the_tensor_that_crosses_the_buffer(
         assert size > buffer or k == len(chunks) - 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(
         st.lists(st.sampled_from(["buckets", "vllm", "per_tensor"]), unique=True), min_size=1, max_size=4

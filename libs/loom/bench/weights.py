@@ -66,10 +66,14 @@ FULL = {"num_hidden_layers": 2, "hidden_size": 1024, "intermediate_size": 3072, 
 QUICK = {**FULL, "num_hidden_layers": 1, "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
 LOAD_REQUESTS = 8  # generations kept running per worker
-LOAD_TOKENS = 256  # each; at the workers' speed-up, one ends every few tens of milliseconds
+# Each; at the workers' speed-up one takes about 2 s, so the fleet holds thousands of tokens in flight, which a
+# pause that aborts throws away.
+LOAD_TOKENS = 2048
 LOAD_SPEED = "20"  # simulated seconds per wall second on the workers
-RATE_S = 3.0  # the window the fleet's rate before an update is taken over
-TAIL_S = 1.0
+# The window the fleet's rate is taken over before an update, and the one after it whose completions still
+# hold tokens it delayed (full run; --quick halves both and the generations).
+RATE_S = 6.0
+TAIL_S = 3.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,7 +95,8 @@ def build_model(quick: bool) -> Any:
 class Load:
     """Generations kept running on the fleet, each started again as it ends: the tokens it completes, when."""
 
-    def __init__(self, nc: Any, per_worker: int, workers: int) -> None:
+    def __init__(self, nc: Any, per_worker: int, workers: int, tokens: int) -> None:
+        self.max_tokens = tokens
         self.nc = nc
         self.gen = GenClient(nc, lease_s=10.0, give_up_s=600.0)
         self.done: list[tuple[float, int]] = []  # (when, tokens) of each generation that ran to its end
@@ -103,7 +108,7 @@ class Load:
             rid = f"load-{k}-{i}.0"
             self.inflight.add(rid)
             req = GenRequest(rid=rid, job_id="bench", traj_id=f"load-{k}-{i}", step=0, input_len=200,
-                             max_new_tokens=LOAD_TOKENS, ignore_eos=True)  # fmt: skip
+                             max_new_tokens=self.max_tokens, ignore_eos=True)  # fmt: skip
             try:
                 out = await self.gen.generate(req)
             except GenFailed:
@@ -182,7 +187,8 @@ async def measure_transports(args: argparse.Namespace, console: Console) -> dict
                 model=FLEET_MODEL, dataset=DatasetRef("swe-replay", limit=1), group_size=1, lease_s=600.0
             )
             stream = await StreamClient.create(nc, spec, timeout_s=120)
-            load = Load(nc, LOAD_REQUESTS, workers)
+            scale = 0.5 if args.quick else 1.0
+            load = Load(nc, LOAD_REQUESTS, workers, int(LOAD_TOKENS * scale))
             movers = {
                 "disk": transport("disk", root=Path(tmp) / "ckpt"),
                 "collective": transport("collective"),
@@ -198,7 +204,16 @@ async def measure_transports(args: argparse.Namespace, console: Console) -> dict
                         for pause in runs:
                             version += 1
                             runs[pause].append(
-                                await _one_update(stream, load, version, model, movers[name], pause)
+                                await _one_update(
+                                    stream,
+                                    load,
+                                    version,
+                                    model,
+                                    movers[name],
+                                    pause,
+                                    RATE_S * scale,
+                                    TAIL_S * scale,
+                                )
                             )
                     keep = runs["pause_keep"]
                     med = statistics.median(r["update_s"] for r in keep)
@@ -241,20 +256,20 @@ async def _registered(nc: Any, workers: int, procs: list[asyncio.subprocess.Proc
 
 
 async def _one_update(
-    stream: Any, load: Load, version: int, model: Any, mover: Any, pause: str
+    stream: Any, load: Load, version: int, model: Any, mover: Any, pause: str, rate_s: float, tail_s: float
 ) -> dict[str, float]:
     """One update under the load: its time, and the rollout tokens/s it cost (the tokens the fleet would have
     completed at its rate just before, less those it completed, over the update and the second after it,
     whose completions still hold tokens the update delayed or threw away)."""
-    await asyncio.sleep(TAIL_S)
+    await asyncio.sleep(rate_s)  # the window after the last update's own
     before = time.monotonic()
-    rate = load.tokens(before - RATE_S, before) / RATE_S
+    rate = load.tokens(before - rate_s, before) / rate_s
     t0 = time.monotonic()
     if pause == "abort":
         await load.abort_all()
     res = await stream.update_weights(version, model=model, transport=mover, timeout=600)
     t1 = time.monotonic()
-    await asyncio.sleep(TAIL_S)
+    await asyncio.sleep(tail_s)
     window = time.monotonic() - t0
     lost = max(0.0, rate * window - load.tokens(t0, t0 + window))
     span = t1 - t0

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+from typing import Any
 
 from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
@@ -144,9 +145,10 @@ class SimEngine:
         elif path is not None and not await asyncio.to_thread(os.path.exists, path):
             raise FileNotFoundError(f"no checkpoint at {path!r} for weight version {version!r}")
         elif path is not None and await asyncio.to_thread(_has_safetensors, path):
-            # A real checkpoint is read as an engine reads it (what moving weights by disk costs).
+            # A real checkpoint is read as an engine reads it (what moving weights by disk costs): every byte,
+            # not just mapped (safetensors maps the file).
             got = await weights.tensors()
-            self.received_bytes += sum(t.numel() * t.element_size() for t in got.values())
+            self.received_bytes += await asyncio.to_thread(_touch, got)
         if self.fetch_s:
             await self.clock.sleep(self.fetch_s)
         self._prepared[version] = path
@@ -257,3 +259,7 @@ def _with_logprobs(req: EngineRequest, out: EngineOutput, key: str) -> EngineOut
 
 def _has_safetensors(path: str) -> bool:
     return os.path.isdir(path) and any(name.endswith(".safetensors") for name in os.listdir(path))
+
+
+def _touch(tensors: dict[str, Any]) -> int:
+    return sum(t.clone().numel() * t.element_size() for t in tensors.values())
