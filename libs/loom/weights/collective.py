@@ -72,7 +72,7 @@ def _timeout(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def _split(address: str) -> tuple[str, int]:
+def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"rendezvous address {address!r} is not host:port")
@@ -81,7 +81,7 @@ def _split(address: str) -> tuple[str, int]:
 
 def connect(address: str, timeout_s: float) -> dist.TCPStore:
     """A client of an update's rendezvous store."""
-    host, port = _split(address)
+    host, port = split_address(address)
     return dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout_s))
 
 

@@ -43,7 +43,7 @@ def nbytes(spec: TensorSpec) -> int:
     n = 1
     for d in spec.shape:
         n *= d
-    return n * torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
+    return n * getattr(torch, spec.dtype).itemsize
 
 
 def specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
@@ -65,7 +65,7 @@ def buckets(tensors: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES)
     first, numel, size = 0, 0, 0
     for i, spec in enumerate(tensors):
         n = nbytes(spec)
-        elems = n // max(1, torch.empty((), dtype=getattr(torch, spec.dtype)).element_size())
+        elems = n // max(1, getattr(torch, spec.dtype).itemsize)
         if i > first and (spec.dtype != tensors[first].dtype or size + n > bucket_bytes):
             out.append(Bucket(first, i, tensors[first].dtype, numel))
             first, numel, size = i, 0, 0

@@ -122,7 +122,7 @@ async def fetch(js: JetStreamContext, ref: WeightsRef) -> dict[str, torch.Tensor
     running = 0
     for i, b in enumerate(manifest.buckets(ref.tensors, ref.bucket_bytes)):
         dtype = getattr(torch, b.dtype)
-        size = b.numel * torch.empty((), dtype=dtype).element_size()
+        size = b.numel * dtype.itemsize
         into = _Into(size)
         try:
             await obs.get(f"{ref.group}.{i}", writeinto=into)  # type: ignore[arg-type]

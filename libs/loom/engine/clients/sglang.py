@@ -233,14 +233,15 @@ class SGLangEngine(HTTPEngine):
         request, a broadcast a tensor), loading them in place, the version labelled and the cache flushed with
         the last, and leaves it."""
         from loom.weights import manifest
+        from loom.weights.collective import split_address
 
-        host, _, port = ref.address.rpartition(":")
+        host, port = split_address(ref.address)
         group = {"group_name": GROUP}
         await self._update(
             "/init_weights_update_group",
             {
                 "master_address": host,
-                "master_port": int(port),
+                "master_port": port,
                 "rank_offset": ref.rank,
                 "world_size": ref.world_size,
                 "backend": ref.backend,

@@ -180,10 +180,12 @@ class VLLMEngine(HTTPEngine):
         """vLLM's weight-transfer engine joins the trainer's group (``/init_weight_transfer_engine``, packed
         with the buckets' size), takes every tensor in one session (``/start_weight_update``,
         ``/update_weights``, ``/finish_weight_update`` labelling the version), and shuts down."""
-        host, _, port = ref.address.rpartition(":")
+        from loom.weights.collective import split_address
+
+        host, port = split_address(ref.address)
         init = {
             "master_address": host,
-            "master_port": int(port),
+            "master_port": port,
             "rank_offset": ref.rank,
             "world_size": ref.world_size,
             "packed": fmt == "vllm",

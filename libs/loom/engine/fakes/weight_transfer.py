@@ -77,33 +77,19 @@ class Member:
         """Receive ``tensors``: ``per_tensor`` (one broadcast each), ``flattened`` (one typed buffer) or
         ``vllm`` (packed chunks of ``bucket_bytes``)."""
 
-        import torch
-
         from loom.weights import collective
 
+        if how == "flattened" and len({s.dtype for s in tensors}) > 1:
+            raise ValueError("a flattened bucket holds tensors of one dtype")
+        fmt: Format = {"per_tensor": "per_tensor", "vllm": "vllm"}.get(how, "buckets")  # type: ignore[assignment]
+        size = bucket_bytes if how == "vllm" else 1 << 62  # a flattened request is one bucket
+
         def run() -> None:
-            if how == "per_tensor":
-                for s in tensors:
-                    buf = torch.empty(s.shape, dtype=getattr(torch, s.dtype))
-                    collective.broadcast(self.pg, buf).wait()
-                    self._count(buf)
-                return
-            if how == "flattened" and len({s.dtype for s in tensors}) > 1:
-                raise ValueError("a flattened bucket holds tensors of one dtype")
-            fmt: Format = "vllm" if how == "vllm" else "buckets"
-            size = bucket_bytes if how == "vllm" else 1 << 62  # a flattened request is one bucket
             got, self.running = collective.take(self.pg, tensors, fmt, size, "cpu", self.running)
             self.tensors += len(got)
             self.bytes += sum(t.numel() * t.element_size() for t in got.values())
 
         await asyncio.to_thread(run)
-
-    def _count(self, buf: Any) -> None:
-        from loom.weights import manifest
-
-        self.running = manifest.crc(buf, self.running)
-        self.tensors += 1
-        self.bytes += buf.numel() * buf.element_size()
 
     async def check(self) -> None:
         """Against a Loom trainer, which publishes its CRC after the last broadcast: the bytes taken match."""
