@@ -1,9 +1,14 @@
-"""The weights seam (loom.weights): buckets against brute force, a real gloo broadcast to two receivers, the
-object store's publish and fetch on a real nats-server, and the transformers engine serving what arrived."""
+"""The weights seam (loom.weights): buckets against brute force, a real gloo broadcast to two receivers, a
+version handed to another process by its memory, the object store's publish and fetch on a real nats-server,
+and the transformers engine serving what arrived."""
 
 from __future__ import annotations
 
+import glob
 import itertools
+import os
+import subprocess
+import sys
 import threading
 
 import msgspec
@@ -71,11 +76,55 @@ def test_a_gloo_broadcast_reaches_every_worker_whole_and_checked() -> None:
     for t in threads:
         t.join(30)
     assert sent.world_size == 3
+    assert sent.format == "buckets"  # ipc was offered, but a trainer on gloo broadcasts by default
     assert sent.bytes == sum(t.numel() * t.element_size() for t in state.values())
     for rank in (1, 2):
         assert list(got[rank]) == list(state)
         for name, t in state.items():
             assert got[rank][name].dtype == t.dtype and torch.equal(got[rank][name], t)
+
+
+# A worker's process: its reference on stdin; what it took, saved where the test says.
+_TAKER = """
+import sys, msgspec, torch
+from loom.protocol import WeightsRef
+from loom.weights.collective import receive
+ref = msgspec.json.decode(sys.stdin.buffer.read(), type=WeightsRef)
+torch.save(receive(ref, 60), sys.argv[1])
+"""
+
+
+def test_a_worker_process_on_the_trainer_s_host_maps_the_version_from_its_memory(tmp_path) -> None:
+    shm = set(glob.glob("/dev/shm/torch_*"))
+    sender = Sender(bucket_bytes=1024, ipc=True)  # several buckets, each its own shared-memory file
+    state = _state(3)
+    ref = sender.ref(state)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _TAKER, str(tmp_path / "got.pt")],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert worker.stdin is not None
+    worker.stdin.write(msgspec.json.encode(msgspec.structs.replace(ref, rank=1, world_size=2)))
+    worker.stdin.close()
+    sent = sender.send(ref, state, timeout_s=60)
+    assert worker.wait(60) == 0
+    assert sent.format == "ipc" and sent.world_size == 2
+    got = torch.load(tmp_path / "got.pt")
+    assert list(got) == list(state)
+    for name, t in state.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+    assert set(glob.glob("/dev/shm/torch_*")) <= shm  # every bucket's memory freed once the worker was done
+
+
+def test_memory_is_handed_over_only_where_every_worker_shares_the_trainer_s_host() -> None:
+    from loom.weights.collective import reachable
+
+    offers = [["ipc", "buckets"], ["ipc", "buckets", "per_tensor"]]
+    assert reachable(offers, ["a", "a"], "a") == offers
+    without = [["buckets"], ["buckets", "per_tensor"]]
+    assert reachable(offers, ["a", "b"], "a") == without  # one worker elsewhere: broadcast to all
+    assert reachable(offers, ["a", "a"], None) == without  # the trainer hands over no memory
 
 
 def test_a_broadcast_called_off_before_its_group_forms_ends() -> None:

@@ -27,6 +27,7 @@ def benchmarks() -> tuple[Benchmark, ...]:
         sandbox,
         speculative,
         weights,
+        weights_colocated,
     )
 
     return (
@@ -45,4 +46,5 @@ def benchmarks() -> tuple[Benchmark, ...]:
         rollmux.BENCHMARK,
         speculative.BENCHMARK,
         weights.BENCHMARK,
+        weights_colocated.BENCHMARK,
     )

@@ -47,6 +47,7 @@ from rich.table import Table
 from loom.bench.harness.training import Mode, Pool
 from loom.bench.registry import Benchmark
 from loom.bench.training_cells import TP, Cell, run_cells
+from loom.bench.weights_model import build_model
 from loom.engine.model.train_perf import weight_sync_s
 from loom.protocol import AbortRequest, DatasetRef, GenRequest, StreamSpec, encode, subjects
 from loom.runtime import bus
@@ -60,11 +61,6 @@ TRANSPORTS = ("disk", "collective", "store")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
 AFFINITY = (("coding", "h800"), ("default", "h20"))
 FIG11B = (1.10, 1.16)
-# Qwen3-0.6B's layer shapes with untied embeddings (as Qwen3-8B's): two layers make 0.68 GB in BF16.
-FULL = {"num_hidden_layers": 2, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151_936}  # fmt: skip
-QUICK = {**FULL, "num_hidden_layers": 1, "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
 LOAD_REQUESTS = 8  # generations kept running per worker
 # Each; at the workers' speed-up one takes about 2 s, so the fleet holds thousands of tokens in flight, which a
 # pause that aborts throws away.
@@ -81,15 +77,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="updates per transport (default 3, quick 1)")
     p.add_argument("--steps", type=int, default=None, help="harness steps per run (default 10, quick 5)")
     p.add_argument("--no-harness", action="store_true", help="measure the transports only")
-
-
-def build_model(quick: bool) -> Any:
-    import torch
-
-    from loom import checkpoints
-
-    model = checkpoints.build_tiny(0, **(QUICK if quick else FULL), tie_word_embeddings=False)
-    return model.to(torch.bfloat16).eval()  # type: ignore[arg-type]
 
 
 class Load:
