@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 from fastapi import FastAPI, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from loom.protocol import BatchTaken, StreamSpec, WeightUpdate, to_builtins
+from loom.protocol import BatchTaken, StreamSpec, WeightsRef, WeightUpdate, to_builtins
+from loom.protocol.messages import WeightDtype, WeightTransport
 from loom.runtime.service import Runtime
 from loom.trainer.buffer import SampleBuffer, StreamClosed, StreamEnded
 from services.scheduler.openapi import answers, body
@@ -35,12 +37,44 @@ class BatchQuery(BaseModel):
     timeout_s: float = Field(60.0, gt=0, le=3600)
 
 
+class WeightsRefBody(BaseModel):
+    """How the version travels (``loom.protocol.WeightsRef`` without the per-worker rank, which the scheduler
+    sets): what a trainer's ``loom.weights.publish`` transport staged."""
+
+    transport: WeightTransport
+    path: str | None = None
+    address: str = Field("", max_length=256)
+    group: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,128}$")
+    backend: Literal["gloo", "nccl"] = "gloo"
+    bucket_bytes: int = Field(0, ge=0)
+    # (name, dtype, shape), in the order the trainer sends them
+    tensors: list[
+        tuple[
+            Annotated[str, Field(min_length=1, max_length=512)],
+            WeightDtype,
+            list[Annotated[int, Field(ge=0)]],
+        ]
+    ] = []
+    checksum: str = Field("", max_length=64)
+
+    def ref(self) -> WeightsRef:
+        return msgspec.convert(self.model_dump(), WeightsRef)
+
+
 class WeightsBody(BaseModel):
     version: int = Field(ge=1)
+    # A checkpoint directory every worker reads (the disk transport), or ``weights``: any transport.
     path: str | None = None
+    weights: WeightsRefBody | None = None
     timeout_s: float = Field(300.0, gt=0, le=3600)
     # Load while generating and pause only to switch (RollArt §5.2); false: load inside the pause.
     async_fetch: bool = True
+
+    def update(self, stream_id: str) -> WeightUpdate:
+        if self.path is not None and self.weights is not None:
+            raise HTTPException(status_code=422, detail="give path or weights, not both")
+        ref = self.weights.ref() if self.weights is not None else None
+        return WeightUpdate(stream_id, self.version, self.path, self.timeout_s, self.async_fetch, ref)
 
 
 # A fleet is named by its model, as rollout workers register it (a key of the weights bucket).
@@ -153,9 +187,7 @@ def add_stream_routes(
     async def update_weights(request: Request, stream_id: str, body: WeightsBody) -> dict[str, Any]:
         stream_or_404(stream_id, request)
         try:
-            res = await streams.update_weights(
-                WeightUpdate(stream_id, body.version, body.path, body.timeout_s, body.async_fetch)
-            )
+            res = await streams.update_weights(body.update(stream_id))
         except StreamError as e:
             raise _http(e) from e
         return to_builtins(res)
@@ -183,9 +215,7 @@ def add_stream_routes(
                 status_code=409, detail=f"version {body.version} is not after the fleet's {now.version}"
             )
         try:
-            res = await streams.move_fleet(
-                model, WeightUpdate("fleet", body.version, body.path, body.timeout_s, body.async_fetch)
-            )
+            res = await streams.move_fleet(model, body.update("fleet"))
         except StreamError as e:
             if e.code == "unavailable":  # no worker serves it: there is no such fleet
                 raise HTTPException(status_code=404, detail=e.message) from e

@@ -98,26 +98,38 @@ def test_trl_grpo_trainer_trains_on_loom_rollouts(loom_up: LoomUp, tmp_path: Pat
         assert set(s["loom_weight_version"]) == {str(s["version"])}
     # The placeholder replies are not valid calls: the game answers, and its answer is masked out.
     assert any(0 in m for s in seen for m in s["env_mask"])
-    assert (tmp_path / "ckpt" / "v1" / "config.json").is_file()
+    assert not (tmp_path / "ckpt").exists()  # broadcast to the fleet: no checkpoint written
     assert rollout.stale_rows == 0
     # The fleet's weights are the admin's to move, forward only.
     api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "1"
-    again = api.post(
-        "/v1/models/qwen3-8b/weights", json={"version": 1, "path": str(tmp_path / "ckpt" / "v1")}
-    )
+    again = api.post("/v1/models/qwen3-8b/weights", json={"version": 1, "path": str(tmp_path / "v1")})
     assert again.status_code == 409, again.text
     assert api.get("/v1/models/no-such-model/weights").status_code == 404
     assert trainer.state.global_step == 2
 
 
-def test_the_trl_example_trains_against_an_embedded_loom(tmp_path: Path) -> None:
-    """examples/trl-grpo/train.py as a user runs it (small): Loom serves the trainer's starting checkpoint on
-    the transformers engine, so its sampling log-probabilities are the trainer's at the same weights."""
+def test_the_trl_example_trains_in_two_processes_against_an_embedded_loom(tmp_path: Path) -> None:
+    """examples/trl-grpo/train.py as a user runs it (small) under ``accelerate launch`` with two processes
+    (gloo on CPUs; accelerate starts several CPU processes only through its multi-process launcher): Loom
+    serves the trainer's starting checkpoint on the transformers engine, each process runs its slice of the
+    batch, and after each step the main process broadcasts the whole model to the fleet while the other
+    waits. So every step's samples come from the weights the trainer scores them with."""
     example = Path(__file__).parents[2] / "examples" / "trl-grpo" / "train.py"
-    small = ["--steps", "2", "--groups", "2", "--group-size", "4", "--warm-steps", "30"]
+    small = ["--steps", "3", "--groups", "2", "--group-size", "4", "--warm-steps", "30"]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += [
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+    ]
     r = subprocess.run(
-        [sys.executable, str(example), "--json", "--out", str(tmp_path), *small],
+        [*launch, str(example), "--json", "--out", str(tmp_path), *small],
         capture_output=True,
         text=True,
         timeout=540,
@@ -125,6 +137,9 @@ def test_the_trl_example_trains_against_an_embedded_loom(tmp_path: Path) -> None
     )
     assert r.returncode == 0, r.stderr[-4000:]
     s = json.loads(r.stdout.strip().splitlines()[-1])
-    assert s["steps"] == 2 and s["weight_versions"] == [0, 1] and s["rows"] == 16
+    assert s["processes"] == 2 and s["steps"] == 3 and s["rows"] == 2 * 3 * 8
+    # Exactly one fleet version per step, the step's own: moved once, by the main process, before its rollouts.
+    assert s["versions_per_step"] == [[0], [1], [2]]
+    assert s["checkpoints_written"] == 0
     assert s["env_tokens_masked"] and s["stale_rows"] == 0
     assert s["logprob_max_abs_diff"] is not None and s["logprob_max_abs_diff"] <= 0.02

@@ -19,14 +19,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from nats.aio.client import Client as NATS
 
+from loom.integrations import fleet
 from loom.protocol import Stream, StreamRef, StreamSpec, subjects, to_builtins
 from loom.runtime import results
 from loom.runtime.bus import BusError, request
 from loom.runtime.service import Runtime
 from loom.trainer.buffer import Batch, StreamClosed, StreamEnded
 from loom.trainer.client import StreamClient
+from loom.weights.collective import Sender
+from loom.weights.publish import CollectiveTransport
 from loom_cli.deploy import free_port
 from services.envmgr.manager import EnvManager
 from services.envmgr.settings import EnvmgrSettings
@@ -234,6 +238,17 @@ async def test_rest_edge_serves_a_trainer_in_any_language(nc: NATS, services: Se
         r = await http.post(f"/v1/streams/{sid}/batch", json={"n_groups": 1, "timeout_s": 5})
         assert r.status_code == 410 and "cancelled" in r.text
         assert (await http.get("/v1/streams/str-nope")).status_code == 404
+        # A trainer outside the bus moves the fleet by broadcast: the reference its transport staged, over REST.
+        model, weights = spec(1).model, {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+        transport = CollectiveTransport(Sender())
+        assert await fleet.push(http, model, 2, weights, transport, timeout_s=60) == 2
+        assert transport.last is not None and transport.last.world_size == 3  # the trainer and both workers
+        assert (await http.get(f"/v1/models/{model}/weights")).json()["version"] == "2"
+        assert await fleet.push(http, model, 2, weights, transport, timeout_s=60) == 2  # again: not an error
+        bad = {"version": 3, "weights": {"transport": "collective", "tensors": [["w", "float12", [3]]]}}
+        assert (await http.post(f"/v1/models/{model}/weights", json=bad)).status_code == 422
+        both = {"version": 3, "path": "/ckpt", "weights": {"transport": "disk", "path": "/ckpt"}}
+        assert (await http.post(f"/v1/models/{model}/weights", json=both)).status_code == 422
 
 
 async def test_a_trainer_that_disappears_releases_its_stream(nc: NATS, services: Services) -> None:

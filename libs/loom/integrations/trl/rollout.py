@@ -12,15 +12,17 @@ appended them, never decoded and encoded again.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from loom.envs import registry
+from loom.integrations import fleet
 from loom.integrations.jobs import checked, collect, slots
 from loom.protocol import Trajectory
 from loom.protocol.messages import TERMINAL_JOB_STATES
@@ -78,8 +80,14 @@ class LoomRollout:
     a task id of ``dataset`` (a built-in set) or of a library's environment (which generates its tasks), a
     ``{"id": ..., "data": {...}}`` task, or text / chat messages handed to the environment as the task's
     ``prompt`` / ``messages``. ``model``: the fleet TRL trains (``loom up --model``).
-    When the trainer's ``global_step`` has moved since the last call, its model is saved under ``checkpoints``
-    and the fleet moved to it, all or nothing, before the job starts; each row says which weights made it."""
+
+    When the trainer's ``global_step`` has moved since the last call, the fleet moves to its weights, all or
+    nothing, before the job starts; each row says which weights made it. Every process of the run takes
+    part in gathering the whole model once (a collective under FSDP or ZeRO-3, which shard it), the main
+    process moves the fleet and the others wait for it. ``weights``: ``collective`` broadcasts the tensors
+    from the main process (``sender``: its rendezvous, by default on this host's loopback; a multi-node run
+    gives ``loom.weights.collective.Sender(host, advertise=...)``), ``disk`` saves a checkpoint under
+    ``checkpoints`` that every worker reads."""
 
     url: str
     token: str
@@ -95,11 +103,17 @@ class LoomRollout:
     timeout_s: float = 1800.0
     version: int = 0
     stale_rows: int = 0
+    weights: Literal["collective", "disk"] = "collective"
+    sender: Any = None  # loom.weights.collective.Sender
+    weights_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if self.weights not in ("collective", "disk"):
+            raise ValueError(f"weights moves by collective or disk, not {self.weights!r}")
         self.http = httpx.Client(
             base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {self.token}"}
         )
+        self._transport: Any = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         groups = self._groups(prompts, trainer)
@@ -154,15 +168,45 @@ class LoomRollout:
         return [rows_of(trajs[k]) for k in slots(spec)]
 
     def sync_weights(self, trainer: Any) -> None:
-        """Push the trainer's weights to the fleet when they changed since the last call."""
+        """Move the fleet to the trainer's weights when they changed since the last call. Every process calls
+        it (TRL calls ``rollout_func`` on each with its slice of the batch)."""
         step = int(trainer.state.global_step)
         if step == self.version:
             return
-        path = (self.checkpoints / f"v{step}").resolve()
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        model.save_pretrained(path, safe_serialization=True)
-        checked(self.http.post(f"/v1/models/{self.model}/weights", json={"version": step, "path": str(path)}))
+        acc = trainer.accelerator
+        # Under FSDP or ZeRO-3 this is a collective: every rank gives its shards, the main process gets them all.
+        state = acc.get_state_dict(trainer.model)
+        error = None
+        if acc.is_main_process:
+            try:
+                asyncio.run(self._push(step, acc.unwrap_model(trainer.model), state))
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            # The others wait here for the main process, and learn whether the fleet moved.
+            error = broadcast_object_list([error], from_process=0)[0]
+        if error is not None:
+            raise RuntimeError(f"moving Loom's fleet of {self.model} to step {step} failed: {error}")
         self.version = step
+
+    async def _push(self, step: int, model: Any, state: dict[str, Any]) -> None:
+        async with httpx.AsyncClient(
+            base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {self.token}"}
+        ) as http:
+            if self.weights == "disk":
+                path = (self.checkpoints / f"v{step}").resolve()
+                await asyncio.to_thread(
+                    model.save_pretrained, path, state_dict=state, safe_serialization=True
+                )
+                await fleet.push(http, self.model, step, path, timeout_s=self.weights_timeout_s)
+                return
+            if self._transport is None:
+                from loom.weights.publish import CollectiveTransport
+
+                self._transport = CollectiveTransport(self.sender)
+            await fleet.push(http, self.model, step, state, self._transport, self.weights_timeout_s)
 
     def close(self) -> None:
         self.http.close()

@@ -40,9 +40,11 @@ class LoomGRPOTrainer(GRPOTrainer):
         delta = torch.abs(old - sampling)[mask.bool()]
         delta = delta[~torch.isnan(delta)]
         metrics = self._metrics["train" if self.model is not None and self.model.training else "eval"]
-        if delta.numel():
-            metrics["sampling/sampling_logp_difference/mean"].append(float(delta.mean()))
-            metrics["sampling/sampling_logp_difference/max"].append(float(delta.max()))
+        # Over every process's rows, as TRL gathers them (a collective: every rank takes part, rows or none).
+        zero = torch.tensor(0.0, device=self.accelerator.device)
+        mean, most = (delta.mean(), delta.max()) if delta.numel() else (zero, zero)
+        metrics["sampling/sampling_logp_difference/mean"].append(self.accelerator.gather(mean).mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(self.accelerator.gather(most).max().item())
         diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
         mode = args.vllm_importance_sampling_mode
         if mode.startswith("sequence"):

@@ -1,5 +1,5 @@
-"""Loom's REST edge as verl's rollout uses it: run a job to the end and read its trajectories back; move the
-fleet to a checkpoint. Async, since verl's agent loops run on an event loop (its manager does too)."""
+"""Loom's REST edge as verl's rollout uses it: run a job to the end and read its trajectories back (the fleet
+moves through ``loom.integrations.fleet``). Async, since verl's agent loops run on an event loop (its manager does too)."""
 
 from __future__ import annotations
 
@@ -42,22 +42,3 @@ async def run_job(
             await r.aread()
             checked(r)
         return collect(job, spec, [line async for line in r.aiter_lines()])
-
-
-async def fleet_version(http: httpx.AsyncClient, model: str) -> int:
-    """The version the fleet of ``model`` serves (0: its start)."""
-    r = await http.get(f"/v1/models/{model}/weights")
-    if r.status_code == 404:
-        return 0
-    version = str(checked(r)["version"])
-    return int(version) if version.isdigit() else 0
-
-
-async def move_fleet(http: httpx.AsyncClient, model: str, version: int, path: str) -> int:
-    """Move every worker of ``model`` to the checkpoint at ``path``, all or nothing; the version it serves
-    after (another trainer's process may have moved it as far or further: Loom moves a fleet forward only)."""
-    r = await http.post(f"/v1/models/{model}/weights", json={"version": version, "path": path})
-    if r.status_code == 409:
-        return await fleet_version(http, model)
-    checked(r)
-    return version

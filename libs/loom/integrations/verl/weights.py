@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from loom.integrations.verl.client import move_fleet
+from loom.integrations.fleet import push
 
 STEP_DIR = re.compile(r"global_step_(\d+)")
 
@@ -61,5 +61,5 @@ class WeightSync:
             newest = self.newer()  # another sample of this worker may have moved it while this one waited
             if newest is not None:
                 step, path = newest
-                self.version = max(self.version, await move_fleet(http, self.model, step, str(path)))
+                self.version = max(self.version, await push(http, self.model, step, path))
         return self.version
