@@ -143,7 +143,8 @@ def test_the_manager_says_what_it_needs(
 
     with pytest.raises(ValueError, match=r"loom section with url and env"):
         LoomAgentLoopManager(verl_config())
-    manager = LoomAgentLoopManager(verl_config("+loom.url=http://127.0.0.1:9", "+loom.env=coin"))
+    saves = ["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", "trainer.save_freq=1"]
+    manager = LoomAgentLoopManager(verl_config("+loom.url=http://127.0.0.1:9", "+loom.env=coin", *saves))
     # verl's default v1 trainer hands its manager a TensorDict and reads TransferQueue.
     with pytest.raises(TypeError, match=r"trainer.use_v1=false"):
         manager.generate_sequences(TensorDict({}, batch_size=2))

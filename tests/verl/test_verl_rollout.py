@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +58,9 @@ def _loom(up: LoomUp, checkpoints: Path, *more: str) -> list[str]:
         "+loom.max_turn_tokens=8",
         f"+loom.job.reward='{REWARD}'",
         f"trainer.default_local_dir={checkpoints}",
+        # The fleet follows the checkpoints verl saves whole (unless verl moves it in memory).
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.save_freq=1",
         *more,
     ]
 
@@ -231,3 +235,99 @@ def test_loom_agent_loop_runs_inside_verls_own_agent_loop_worker(
     api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "7"
     assert all(j["spec"]["max_turns"] == 3 for j in api.get("/v1/jobs").json()["jobs"][-4:])
+
+
+def test_verls_checkpoint_manager_moves_the_fleet_in_memory_from_an_fsdp_actor(
+    loom_up: LoomUp, verl_config: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's trainer with ``rollout.checkpoint_manager_class`` set to Loom's: the manager built as verl builds
+    it, ``update_weights`` called as ``fit`` calls it (at the start, then after each actor update), two FSDP2
+    ranks (Ray actors, gloo) each running verl's own ``update_weights`` and ``get_per_tensor_param``; rank 0
+    broadcasts the gathered model to Loom's fleet. No checkpoint is saved."""
+    import ray
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from loom.integrations.verl.checkpoint import LoomCheckpointEngine
+    from loom_cli.deploy import free_port
+    from tests.verl.fsdp_actor import ActorGroup, FSDPActorRank
+
+    token = (loom_up.home / "api_token").read_text().strip()
+    monkeypatch.setenv("LOOM_API_TOKEN", token)
+    ce = "actor_rollout_ref.rollout.checkpoint_engine"
+    cfg = verl_config(
+        "trainer.use_v1=false",
+        "+actor_rollout_ref.rollout.checkpoint_manager_class=loom.integrations.verl.LoomCheckpointManager",
+        f"{ce}.backend=loom",
+        f"{ce}.custom_backend_module=loom.integrations.verl.checkpoint",
+        f"{ce}.update_weights_bucket_megabytes=1",
+        f"+{ce}.engine_kwargs.loom.url={loom_up.api}",
+        f"+{ce}.engine_kwargs.loom.model=qwen3-8b",
+        *_loom(loom_up, Path("/nonexistent")),
+    )
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    now = api.get("/v1/models/qwen3-8b/weights")
+    start = int(now.json()["version"]) if now.status_code == 200 else 0  # the earlier tests may have moved it
+    root = str(Path(__file__).parents[2])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root, "LOOM_API_TOKEN": token}})  # fmt: skip
+    try:
+        engine_cfg = OmegaConf.to_container(cfg.actor_rollout_ref.rollout.checkpoint_engine, resolve=True)
+        port = free_port()
+        rank = ray.remote(FSDPActorRank)
+        ranks = [rank.remote(r, 2, port, engine_cfg) for r in range(2)]
+        # What verl's trainer does with the class it names (RayPPOTrainer._init_async_rollout_manager, fit).
+        manager = load_class_from_fqn(cfg.actor_rollout_ref.rollout.checkpoint_manager_class, "CheckpointEngineManager")(
+            config=omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine),
+            actor_wg=ActorGroup(ranks),
+            replicas=[],
+        )  # fmt: skip
+        manager.sleep_replicas()
+        assert "loom/update_s" not in manager.update_weights(
+            0
+        )  # a fresh start: the fleet serves step 0's weights
+        for step in (1, 2):
+            ray.get([r.train_step.remote(step) for r in ranks])
+            full = ray.get([r.full_state.remote() for r in ranks])[0]
+            metrics = manager.update_weights(start + step)
+            assert metrics["loom/fleet_version"] == start + step
+            # Every byte of the gathered model went out in one broadcast, checked on arrival (CRC over gloo).
+            assert metrics["loom/bytes"] == sum(t.numel() * t.element_size() for t in full.values())
+            assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == str(start + step)
+        # The step it resumes from, again: not an error, the fleet already serves it.
+        assert manager.update_weights(start + 2)["loom/fleet_version"] == start + 2
+    finally:
+        ray.shutdown()
+    # verl's own manager (the v1 trainer's, which reads no checkpoint_manager_class) stops at its first call.
+    with pytest.raises(
+        RuntimeError, match=re.escape("checkpoint_manager_class=loom.integrations.verl.LoomCheckpointManager")
+    ):
+        LoomCheckpointEngine(bucket_size=1 << 20).prepare()
+    with pytest.raises(ValueError, match="backend"):
+        load_class_from_fqn("loom.integrations.verl.LoomCheckpointManager", "CheckpointEngineManager")(
+            config=omega_conf_to_dataclass(verl_config().actor_rollout_ref.rollout.checkpoint_engine),
+            actor_wg=None,
+            replicas=[],
+        )
+
+
+def test_a_fleet_that_would_never_move_is_refused_at_start(verl_config: Callable[..., Any]) -> None:
+    from loom.integrations.verl import LoomAgentLoopManager
+
+    loom = ["+loom.url=http://127.0.0.1:1", "+loom.env=coin", "trainer.use_v1=false"]
+    # No whole model saved, no manager moving it in memory: the fleet would stay on its first weights.
+    with pytest.raises(ValueError, match="hf_model"):
+        LoomAgentLoopManager.create(config=verl_config(*loom))
+    manager = (
+        "+actor_rollout_ref.rollout.checkpoint_manager_class=loom.integrations.verl.LoomCheckpointManager"
+    )
+    assert LoomAgentLoopManager.create(config=verl_config(*loom, manager)).weights is None
+    # A Megatron actor hands over its weights through Megatron-Bridge's export, which is not installed here.
+    with pytest.raises(RuntimeError, match="megatron-core, Megatron-Bridge"):
+        LoomAgentLoopManager.create(
+            config=verl_config(*loom, manager, "actor_rollout_ref.actor.strategy=megatron")
+        )
+    # verl's v1 trainer reads no checkpoint_manager_class: it would build its own manager.
+    with pytest.raises(ValueError, match="use_v1=false"):
+        LoomAgentLoopManager.create(config=verl_config(*loom[:2], "trainer.use_v1=true", manager))

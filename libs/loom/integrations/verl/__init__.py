@@ -4,12 +4,15 @@
 ``+loom.url=... +loom.env=coin`` runs each batch verl hands its rollout as one Loom job (a group per distinct
 prompt, ``rollout.n`` samples each) and hands back the ``DataProto`` verl's trainer reads: multi-turn responses
 with the environment's tokens masked, the engine's log-probabilities, Loom's reward at the last token. The fleet
-follows verl's saved checkpoints. ``LoomAgentLoop`` (registered as ``loom``) does one sample at a time for a
+follows verl's saved checkpoints, or, with ``LoomCheckpointManager`` as verl's
+``rollout.checkpoint_manager_class``, takes each step's weights in memory (``loom.integrations.verl.checkpoint``).
+``LoomAgentLoop`` (registered as ``loom``) does one sample at a time for a
 trainer that keeps verl's own manager.
 """
 
 from loom.integrations.verl.agent_loop import LoomAgentLoop
 from loom.integrations.verl.batch import to_dataproto
+from loom.integrations.verl.checkpoint import LoomCheckpointEngine, LoomCheckpointManager
 from loom.integrations.verl.config import LoomConfig, loom_config
 from loom.integrations.verl.manager import LoomAgentLoopManager
 from loom.integrations.verl.samples import Sample, sample_of
@@ -17,6 +20,8 @@ from loom.integrations.verl.samples import Sample, sample_of
 __all__ = [
     "LoomAgentLoop",
     "LoomAgentLoopManager",
+    "LoomCheckpointEngine",
+    "LoomCheckpointManager",
     "LoomConfig",
     "Sample",
     "loom_config",

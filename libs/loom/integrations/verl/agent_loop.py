@@ -28,10 +28,10 @@ from loom.integrations.verl.config import LoomConfig, loom_config
 from loom.integrations.verl.jobs import task_of
 from loom.integrations.verl.manager import job_spec
 from loom.integrations.verl.samples import Sample, sample_of
-from loom.integrations.verl.weights import WeightSync
+from loom.integrations.verl.weights import WeightSync, weight_sync
 
 # verl builds a loop per sample: what the fleet was moved to lives per process, by (url, model, checkpoints).
-_WEIGHTS: dict[tuple[str, str, str], WeightSync] = {}
+_WEIGHTS: dict[tuple[str, str, str], WeightSync | None] = {}
 
 
 @register("loom")
@@ -42,7 +42,9 @@ class LoomAgentLoop(AgentLoopBase):
         self.loom = loom_config(self.config, **overrides)
         root = str(self.loom.checkpoints or self.config.trainer.default_local_dir)
         key = (self.loom.url, self.loom.model, root)
-        self.weights = _WEIGHTS.setdefault(key, WeightSync(Path(root), self.loom.model))
+        if key not in _WEIGHTS:
+            _WEIGHTS[key] = weight_sync(self.config, Path(root), self.loom.model)
+        self.weights = _WEIGHTS[key]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         task = task_of(kwargs, self.loom.dataset)
@@ -60,7 +62,8 @@ class LoomAgentLoop(AgentLoopBase):
         )
         start = time.perf_counter()
         async with connect(self.loom.url, self.loom.api_token()) as http:
-            await self.weights.sync(http)
+            if self.weights is not None:
+                await self.weights.sync(http)
             trajs = await run_job(http, spec, self.loom.timeout_s)
         s = sample_of(trajs[(0, 0)]).fit(int(self.rollout_config.prompt_length), response_length)
         return agent_loop_output(s, time.perf_counter() - start)

@@ -5,7 +5,8 @@ it with ``create(config=..., llm_client=..., teacher_client=..., reward_loop_wor
 ``generate_sequences(batch)`` for every training and validation batch. Here each call is one Loom job (a group
 per distinct prompt, ``rollout.n`` samples each); the trajectories come back as the ``DataProto`` verl's own
 manager returns (``loom.integrations.verl.batch``), Loom's reward in ``rm_scores``. Before the job, the fleet
-moves to the newest checkpoint verl saved (``loom.integrations.verl.weights``).
+moves to the newest checkpoint verl saved (``loom.integrations.verl.weights``), unless verl moves it in memory
+after every update (``loom.integrations.verl.checkpoint``).
 
 verl's sampling settings apply (``rollout.temperature``/``top_p``, ``val_kwargs`` for validation); its LLM
 servers, reward workers and teacher are not used: Loom's fleet generates and Loom's reward scores.
@@ -26,7 +27,7 @@ from loom.integrations.verl.client import connect, run_job
 from loom.integrations.verl.config import LoomConfig, loom_config
 from loom.integrations.verl.jobs import plan
 from loom.integrations.verl.samples import sample_of
-from loom.integrations.verl.weights import WeightSync
+from loom.integrations.verl.weights import weight_sync
 
 
 def job_spec(
@@ -71,7 +72,9 @@ class LoomAgentLoopManager:
         self.loom = loom_config(config)
         self.rollout = config.actor_rollout_ref.rollout
         root = self.loom.checkpoints or config.trainer.default_local_dir
-        self.weights = WeightSync(Path(root), self.loom.model)
+        # With Loom's checkpoint manager, verl moves the fleet itself after every update; else the fleet follows
+        # the checkpoints verl saves.
+        self.weights = weight_sync(config, Path(root), self.loom.model)
 
     @classmethod
     def create(cls, *args: Any, **kwargs: Any) -> LoomAgentLoopManager:
@@ -100,7 +103,8 @@ class LoomAgentLoopManager:
         spec = job_spec(self.loom, name, p.tasks, p.group_size, sampling, response_length)
         start = time.perf_counter()
         async with connect(self.loom.url, self.loom.api_token()) as http:
-            await self.weights.sync(http)
+            if self.weights is not None:
+                await self.weights.sync(http)
             moved = time.perf_counter()
             trajs = await run_job(http, spec, self.loom.timeout_s)
         done = time.perf_counter()

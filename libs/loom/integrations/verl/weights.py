@@ -1,8 +1,9 @@
-"""The weight hand-off, driven by verl's checkpoint saving.
+"""The weight hand-off, driven by verl's checkpoint saving (unless verl moves the fleet in memory:
+``loom.integrations.verl.checkpoint``).
 
 With ``hf_model`` in ``actor_rollout_ref.actor.checkpoint.save_contents`` and ``trainer.save_freq`` set, verl
-writes ``{trainer.default_local_dir}/global_step_N/actor/huggingface/`` (config, tokenizer and the whole model's
-weights) after step N's update. Before Loom runs the next batch, the fleet moves to the newest such checkpoint it
+writes ``{trainer.default_local_dir}/global_step_N/actor/huggingface/`` (``actor/model/huggingface/`` from a
+Megatron actor: config, tokenizer and the whole model's weights) after step N's update. Before Loom runs the next batch, the fleet moves to the newest such checkpoint it
 does not serve yet, all or nothing, as version N; every trajectory then says which steps' weights made it
 (``min_global_steps``/``max_global_steps``). With ``save_freq`` k the fleet runs up to k - 1 steps behind: the
 samples carry the engine's log-probabilities (``rollout_log_probs``) for verl's rollout correction.
@@ -14,12 +15,17 @@ import asyncio
 import re
 import weakref
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from loom.integrations.fleet import push
+from loom.integrations.verl.checkpoint import MANAGER, in_memory
 
 STEP_DIR = re.compile(r"global_step_(\d+)")
+# Where verl's actors write the whole model under a step's directory: FSDP's checkpoint manager, and Megatron's
+# (verl.utils.megatron_utils.get_hf_model_checkpoint_path: model/huggingface since its layout v2).
+HF_EXPORTS = ("actor/huggingface", "actor/model/huggingface")
 
 
 def hf_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -29,10 +35,33 @@ def hf_checkpoints(root: Path) -> list[tuple[int, Path]]:
     out = []
     for d in root.iterdir():
         m = STEP_DIR.fullmatch(d.name)
-        hf = d / "actor" / "huggingface"
-        if m and (any(hf.glob("*.safetensors")) or (hf / "pytorch_model.bin").is_file()):
-            out.append((int(m.group(1)), hf.resolve()))
+        if not m:
+            continue
+        for hf in (d / rel for rel in HF_EXPORTS):
+            if any(hf.glob("*.safetensors")) or (hf / "pytorch_model.bin").is_file():
+                out.append((int(m.group(1)), hf.resolve()))
+                break
     return sorted(out)
+
+
+def weight_sync(config: Any, root: Path, model: str) -> WeightSync | None:
+    """How the rollout moves the fleet under verl's ``config``: not at all (verl moves it in memory, through
+    Loom's checkpoint manager), or following the checkpoints under ``root``, which verl must then write whole:
+    a fleet that never moved would say nothing."""
+    if in_memory(config):
+        return None
+    checkpoint = config.actor_rollout_ref.actor.get("checkpoint") or {}
+    if (
+        "hf_model" not in list(checkpoint.get("save_contents") or [])
+        or int(config.trainer.get("save_freq", -1)) <= 0
+    ):
+        raise ValueError(
+            "Loom's fleet would never get verl's weights: move them in memory "
+            f"(+actor_rollout_ref.rollout.checkpoint_manager_class={MANAGER}, see loom.integrations.verl.checkpoint) "
+            "or have verl save the whole model ('actor_rollout_ref.actor.checkpoint.save_contents=[...,hf_model]' "
+            "and trainer.save_freq > 0)"
+        )
+    return WeightSync(root, model)
 
 
 class WeightSync:
