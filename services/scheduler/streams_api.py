@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from fastapi import FastAPI, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from loom.protocol import BatchTaken, StreamSpec, WeightsRef, WeightUpdate, to_builtins
 from loom.protocol.messages import WeightDtype, WeightTransport
@@ -37,6 +37,11 @@ class BatchQuery(BaseModel):
     timeout_s: float = Field(60.0, gt=0, le=3600)
 
 
+TensorRow = tuple[
+    Annotated[str, Field(min_length=1, max_length=512)], WeightDtype, list[Annotated[int, Field(ge=0)]]
+]
+
+
 class WeightsRefBody(BaseModel):
     """How the version travels (``loom.protocol.WeightsRef`` without the per-worker rank, which the scheduler
     sets): what a trainer's ``loom.weights.publish`` transport staged."""
@@ -48,14 +53,21 @@ class WeightsRefBody(BaseModel):
     backend: Literal["gloo", "nccl"] = "gloo"
     bucket_bytes: int = Field(0, ge=0)
     # (name, dtype, shape), in the order the trainer sends them
-    tensors: list[
-        tuple[
-            Annotated[str, Field(min_length=1, max_length=512)],
-            WeightDtype,
-            list[Annotated[int, Field(ge=0)]],
-        ]
-    ] = []
+    tensors: list[TensorRow] = Field([], max_length=1_000_000)
     checksum: str = Field("", max_length=64)
+
+    @model_validator(mode="after")
+    def _complete(self) -> WeightsRefBody:
+        """What each transport's workers need to take the version."""
+        needs = {
+            "disk": ("path",),
+            "collective": ("address", "group", "tensors"),
+            "store": ("group", "tensors"),
+        }
+        missing = [f for f in needs[self.transport] if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"a {self.transport} version needs {', '.join(missing)}")
+        return self
 
     def ref(self) -> WeightsRef:
         return msgspec.convert(self.model_dump(), WeightsRef)

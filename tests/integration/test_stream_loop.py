@@ -249,6 +249,9 @@ async def test_rest_edge_serves_a_trainer_in_any_language(nc: NATS, services: Se
         assert (await http.post(f"/v1/models/{model}/weights", json=bad)).status_code == 422
         both = {"version": 3, "path": "/ckpt", "weights": {"transport": "disk", "path": "/ckpt"}}
         assert (await http.post(f"/v1/models/{model}/weights", json=both)).status_code == 422
+        nowhere = {"version": 3, "weights": {"transport": "collective", "tensors": [["w", "float32", [3]]]}}
+        r = await http.post(f"/v1/models/{model}/weights", json=nowhere)
+        assert r.status_code == 422 and "address, group" in r.text
 
 
 async def test_a_trainer_that_disappears_releases_its_stream(nc: NATS, services: Services) -> None:

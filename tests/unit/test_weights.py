@@ -94,27 +94,51 @@ torch.save(receive(ref, 60), sys.argv[1])
 """
 
 
-def test_a_worker_process_on_the_trainer_s_host_maps_the_version_from_its_memory(tmp_path) -> None:
+def test_worker_processes_on_the_trainer_s_host_map_the_version_from_its_memory(tmp_path) -> None:
     shm = set(glob.glob("/dev/shm/torch_*"))
-    sender = Sender(bucket_bytes=1024, ipc=True)  # several buckets, each its own shared-memory file
+    sender = Sender(bucket_bytes=1024, ipc=True)  # several buckets, more than two in flight
     state = _state(3)
+    before = {k: v.untyped_storage().data_ptr() for k, v in state.items()}
     ref = sender.ref(state)
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _TAKER, str(tmp_path / "got.pt")],
-        stdin=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    assert worker.stdin is not None
-    worker.stdin.write(msgspec.json.encode(msgspec.structs.replace(ref, rank=1, world_size=2)))
-    worker.stdin.close()
+    workers = []
+    for rank in (1, 2):
+        w = subprocess.Popen(
+            [sys.executable, "-c", _TAKER, str(tmp_path / f"got{rank}.pt")],
+            stdin=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert w.stdin is not None
+        w.stdin.write(msgspec.json.encode(msgspec.structs.replace(ref, rank=rank, world_size=3)))
+        w.stdin.close()
+        workers.append(w)
     sent = sender.send(ref, state, timeout_s=60)
-    assert worker.wait(60) == 0
-    assert sent.format == "ipc" and sent.world_size == 2
-    got = torch.load(tmp_path / "got.pt")
-    assert list(got) == list(state)
-    for name, t in state.items():
-        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
-    assert set(glob.glob("/dev/shm/torch_*")) <= shm  # every bucket's memory freed once the worker was done
+    assert [w.wait(60) for w in workers] == [0, 0]
+    assert sent.format == "ipc" and sent.world_size == 3
+    for rank in (1, 2):
+        got = torch.load(tmp_path / f"got{rank}.pt")
+        assert list(got) == list(state)
+        for name, t in state.items():
+            assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+    # The trainer's own weights were never lent (a bucket of one tensor is that tensor), and every bucket's
+    # shared memory was freed once the workers were done.
+    assert {k: v.untyped_storage().data_ptr() for k, v in state.items()} == before
+    assert not any(v.is_shared() for v in state.values())
+    assert set(glob.glob("/dev/shm/torch_*")) <= shm
+
+
+def test_a_handle_that_names_anything_but_a_tensor_is_refused() -> None:
+    import pickle
+
+    from loom.weights.ipc import _open
+
+    class Payload:
+        def __reduce__(self):  # what a rendezvous store run by someone else could hand a worker
+            return (os.system, ("true",))
+
+    with pytest.raises(pickle.UnpicklingError, match=r"posix\.system"):
+        _open(b"cuda:" + pickle.dumps(Payload()))
+    with pytest.raises(ValueError, match="unknown weights handle"):
+        _open(b"exec:whatever")
 
 
 def test_memory_is_handed_over_only_where_every_worker_shares_the_trainer_s_host() -> None:

@@ -328,6 +328,9 @@ def test_a_fleet_that_would_never_move_is_refused_at_start(verl_config: Callable
         LoomAgentLoopManager.create(
             config=verl_config(*loom, manager, "actor_rollout_ref.actor.strategy=megatron")
         )
+    # An adapter that is not folded in would not reach the fleet: verl's update_weights drops its config.
+    with pytest.raises(ValueError, match=r"lora\.merge=true"):
+        LoomAgentLoopManager.create(config=verl_config(*loom, manager, "actor_rollout_ref.model.lora.rank=8"))
     # verl's v1 trainer reads no checkpoint_manager_class: it would build its own manager.
     with pytest.raises(ValueError, match="use_v1=false"):
         LoomAgentLoopManager.create(config=verl_config(*loom[:2], "trainer.use_v1=true", manager))

@@ -9,6 +9,7 @@ a restarted run), is not an error; the call says where the fleet is.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import httpx
 from loom.integrations.jobs import checked
 from loom.protocol import WeightsRef, to_builtins
 from loom.weights.publish import Transport, Weights, deliver_during
+
+log = logging.getLogger(__name__)
 
 
 class _Behind(Exception):
@@ -55,7 +58,7 @@ async def push(
         try:
             await _post(http, model, body, timeout_s)
         except _Behind:
-            return await fleet_version(http, model)
+            return await _served(http, model, version)
         return version
     if transport is None:
         raise ValueError("moving a model's weights needs a transport (loom.weights.publish.transport)")
@@ -65,8 +68,17 @@ async def push(
     try:
         await deliver_during(transport, ref, timeout_s, _post(http, model, body, timeout_s))
     except _Behind:
-        return await fleet_version(http, model)
+        return await _served(http, model, version)
     return version
+
+
+async def _served(http: httpx.AsyncClient, model: str, version: int) -> int:
+    serves = await fleet_version(http, model)
+    if serves > version:
+        # Another run moved it further (a fresh run against a fleet left at a later step, say): its samples
+        # carry that version, and a trainer sees them as made by other weights.
+        log.warning("the fleet of %s serves version %d, past %d: it was not moved", model, serves, version)
+    return serves
 
 
 async def _post(http: httpx.AsyncClient, model: str, body: dict[str, Any], timeout_s: float) -> None:

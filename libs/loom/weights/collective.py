@@ -20,38 +20,31 @@ worker's that every worker takes, and publishes it:
 - ``vllm``: vLLM's packed transfer, raw bytes in chunks cut by its rule (``manifest.vllm_chunks``).
 - ``per_tensor``: one broadcast a tensor, which every engine takes (SGLang's default load format, vLLM
   unpacked): what a fleet of vLLM and SGLang servers together gets.
-- ``ipc``: no broadcast at all, for engines in a process on the trainer's own host (colocated, as verl's
-  hybrid engine and vLLM's IPC weight-transfer engine are): the trainer packs the buckets where its weights
-  are and publishes each one's inter-process handle in the store (CUDA IPC on a GPU, where NCCL cannot join
-  two ranks on one device; shared memory on CPUs), and each worker maps and copies them. Offered by
-  in-process engines and picked only where the trainer allows it (``Sender.ipc``, on by default on NCCL)
-  and every worker announced the trainer's host (``loom/host/<rank>``).
+- ``ipc``: no broadcast at all, for engines in a process on the trainer's own host (``loom.weights.ipc``:
+  each bucket's memory lent through the store, CUDA IPC on a GPU, where NCCL cannot put two ranks on one
+  device, shared memory on CPUs). Offered by in-process engines and picked only where the trainer allows it
+  (``Sender.ipc``, on by default on NCCL) and every worker announced the trainer's host (``loom/host/<rank>``).
 
-A CRC-32 runs over the bytes as they move (on gloo; on NCCL the buffers stay on the GPU and NCCL checks its
-transfers); the trainer publishes its own, every receiver that can check does, and each worker's Loom side
+A CRC-32 runs over the bytes as they move (on CPUs, by gloo or shared memory; on a GPU the buffers stay there
+and NCCL checks its transfers); the trainer publishes its own, every receiver that can check does, and each worker's Loom side
 marks itself done, after which the trainer closes the group and the store.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import math
-import pickle
-import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp  # registers torch's tensor reductions with ForkingPickler
 
 from loom.protocol import TensorSpec, WeightsRef
-from loom.weights import GROUP, manifest
+from loom.weights import GROUP, ipc, manifest
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +60,7 @@ __all__ = [
     "join",
     "leave",
     "receive",
-    "share",
     "take",
-    "take_mapped",
     "verify",
 ]
 
@@ -98,21 +89,11 @@ def connect(address: str, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(host, port, is_master=False, timeout=_timeout(timeout_s))
 
 
-def host() -> str:
-    """This machine, as far as shared memory and CUDA IPC reach: its name and this boot of its kernel."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 def announce(store: dist.Store, rank: int, world_size: int, formats: tuple[Format, ...]) -> None:
     """Loom's side of a worker, before its engine joins: the group's size, the formats its engine takes, and
     its host (which decides whether ``ipc`` can reach it)."""
     store.set("loom/world_size", str(world_size))
-    store.set(f"loom/host/{rank}", host())
+    store.set(f"loom/host/{rank}", ipc.host())
     store.set(f"loom/formats/{rank}", ",".join(formats))
 
 
@@ -218,43 +199,6 @@ def unpack(
     return manifest.unpack(first, last, buf, tensors)
 
 
-@contextlib.contextmanager
-def _shareable() -> Iterator[None]:
-    """CPU tensors pickled by name of their shared-memory file, which an unrelated process can open (torch's
-    default passes file descriptors, which only its own children can receive); CUDA tensors are pickled by
-    their CUDA IPC handle either way."""
-    before = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    try:
-        yield
-    finally:
-        tmp.set_sharing_strategy(before)
-
-
-def share(store: dist.Store, i: int, buf: torch.Tensor) -> None:
-    """Publish bucket ``i``'s handle (the trainer keeps ``buf`` alive until every worker is done)."""
-    with _shareable():
-        store.set(f"loom/ipc/{i}", bytes(ForkingPickler.dumps(buf)))  # type: ignore[arg-type]  # takes bytes
-
-
-def take_mapped(
-    store: dist.Store, tensors: list[TensorSpec], bucket_bytes: int, device: str, timeout_s: float
-) -> tuple[dict[str, torch.Tensor], int]:
-    """Take an ``ipc`` version: each bucket mapped from the trainer's memory and copied into this process's
-    own (the trainer frees its buckets once every worker is done), and the CRC over their bytes."""
-    out: dict[str, torch.Tensor] = {}
-    running = 0
-    for i, (first, last, _, _) in enumerate(chunks(tensors, "buckets", bucket_bytes)):
-        store.wait([f"loom/ipc/{i}"], _timeout(timeout_s))
-        view = pickle.loads(store.get(f"loom/ipc/{i}"))
-        if view.device.type == "cpu":
-            running = manifest.crc(view, running)
-        buf = view.to(device, copy=True)
-        del view
-        out.update(manifest.unpack(first, last, buf, tensors))
-    return out, running
-
-
 def take(
     pg: Any, tensors: list[TensorSpec], fmt: Format, bucket_bytes: int, device: str, running: int
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -340,7 +284,7 @@ class Sender:
             time.sleep(0.01)
         offers = [store.get(f"loom/formats/{r}").decode().split(",") for r in range(1, world)]
         hosts = [store.get(f"loom/host/{r}").decode() for r in range(1, world)]
-        fmt = pick(reachable(offers, hosts, host() if self.ipc else None))
+        fmt = pick(reachable(offers, hosts, ipc.host() if self.ipc else None))
         store.set("loom/format", fmt)  # the workers wait for it (an empty one fails them)
         if not fmt:
             raise ValueError(f"the fleet's engines take no weight format in common: {offers}")
@@ -359,12 +303,12 @@ class Sender:
                 )
             joined = time.monotonic()
             if fmt == "ipc":
-                shared = self._share(store, ref, state)
-                try:
-                    store.wait([f"loom/done/{r}" for r in range(1, world)], _timeout(timeout_s))
-                finally:
-                    moved = sum(b.numel() * b.element_size() for b in shared)
-                    del shared
+                on_cpu = next(iter(state.values())).device.type == "cpu" if state else True
+                moved, running = ipc.lend(
+                    store, range(1, world), state, ref.tensors, ref.bucket_bytes, timeout_s
+                )
+                store.set("loom/checksum", manifest.checksum(running) if on_cpu else "")
+                store.wait([f"loom/done/{r}" for r in range(1, world)], _timeout(timeout_s))
             else:
                 pg = join(store, 0, world, ref.backend, timeout_s)
                 try:
@@ -380,29 +324,6 @@ class Sender:
             return Sent(world, fmt, moved, time.monotonic() - joined, joined - t0)
         finally:
             del store
-
-    def _share(
-        self, store: dist.Store, ref: WeightsRef, state: Mapping[str, torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """Pack every bucket where the weights are and publish its handle; the buckets, kept alive until
-        every worker has copied them."""
-        tensors = list(state.values())
-        device = tensors[0].device if tensors else torch.device("cpu")
-        shared, running = [], 0
-        for i, (first, last, _, _) in enumerate(chunks(ref.tensors, "buckets", ref.bucket_bytes)):
-            buf = manifest.pack(first, last, tensors, device)
-            if buf.device.type == "cpu":
-                running = manifest.crc(buf, running)
-                if buf.untyped_storage().data_ptr() == tensors[first].untyped_storage().data_ptr():
-                    # A bucket of one tensor is that tensor: sharing it would move the trainer's own weights
-                    # into a shared-memory file for as long as they live. (On a GPU its handle is lent as is.)
-                    buf = buf.clone()
-            share(store, i, buf)
-            shared.append(buf)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the workers read these buffers from their own streams
-        store.set("loom/checksum", manifest.checksum(running) if device.type == "cpu" else "")
-        return shared
 
     def _broadcast(
         self, pg: Any, ref: WeightsRef, state: Mapping[str, torch.Tensor], fmt: Format
@@ -444,7 +365,7 @@ def receive(ref: WeightsRef, timeout_s: float = 600.0, device: str = "cpu") -> d
     try:
         fmt = agreed(store, timeout_s)
         if fmt == "ipc":
-            out, running = take_mapped(store, ref.tensors, ref.bucket_bytes, device, timeout_s)
+            out, running = ipc.borrow(store, ref.rank, ref.tensors, ref.bucket_bytes, device, timeout_s)
             verify(store, running, timeout_s)  # the trainer publishes no checksum for CUDA buffers
         else:
             pg = join(store, ref.rank, ref.world_size, ref.backend, timeout_s)

@@ -116,6 +116,7 @@ class CollectiveTransport:
         self.last: Sent | None = None
 
     async def stage(self, version: int, model: Weights) -> WeightsRef:
+        self.last = None  # what the next delivery sends
         state = state_of(model)
         ref = self.sender.ref(state)
         self._staged[ref.group] = state

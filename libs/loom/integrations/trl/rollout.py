@@ -116,8 +116,8 @@ class LoomRollout:
         self._transport: Any = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        self.sync_weights(trainer)  # first: every process takes part, whatever its own prompts hold
         groups = self._groups(prompts, trainer)
-        self.sync_weights(trainer)
         spec = {
             "name": f"trl step {trainer.state.global_step}",
             "env": self.env,
@@ -175,18 +175,22 @@ class LoomRollout:
             return
         acc = trainer.accelerator
         # Under FSDP or ZeRO-3 this is a collective: every rank gives its shards, the main process gets them all.
-        state = acc.get_state_dict(trainer.model)
-        error = None
+        # DeepSpeed gathers through its engine, which transformers keeps as model_wrapped (trainer.model is the
+        # bare module there).
+        state = acc.get_state_dict(getattr(trainer, "model_wrapped", None) or trainer.model)
+        error, interrupted = None, None
         if acc.is_main_process:
             try:
                 asyncio.run(self._push(step, acc.unwrap_model(trainer.model), state))
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
+            except BaseException as e:  # the others hear of it first, then it goes on up
+                error, interrupted = f"{type(e).__name__}: {e}", e
         if acc.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
             # The others wait here for the main process, and learn whether the fleet moved.
             error = broadcast_object_list([error], from_process=0)[0]
+        if interrupted is not None and not isinstance(interrupted, Exception):
+            raise interrupted
         if error is not None:
             raise RuntimeError(f"moving Loom's fleet of {self.model} to step {step} failed: {error}")
         self.version = step

@@ -64,6 +64,14 @@ def in_memory(config: Any) -> bool:
         return False
     if config.trainer.get("use_v1", False):
         raise ValueError(_DRIVEN)
+    model = config.actor_rollout_ref.model
+    lora = model.get("lora") or {}
+    if (model.get("lora_rank") or lora.get("rank") or 0) > 0 and not lora.get("merge", False):
+        # verl's update_weights drops the adapter's config: the fleet would get base weights without it.
+        raise ValueError(
+            "Loom's fleet takes whole weights: with LoRA set actor_rollout_ref.model.lora.merge=true, so that "
+            "verl folds the adapter into them before sending"
+        )
     if config.actor_rollout_ref.actor.get("strategy") == "megatron":
         missing = [pkg for module, pkg in MEGATRON_NEEDS if not _importable(module)]
         if missing:
@@ -147,9 +155,16 @@ class LoomCheckpointEngine(CheckpointEngine):
         the fleet to them as version ``global_steps``. verl's metrics for the update, on rank 0."""
         t0 = time.perf_counter()
         state: dict[str, torch.Tensor] = {}
+        error: BaseException | None = None
         async for name, tensor in _items(weights):
-            if self.is_master:
-                state[name] = tensor.detach().to("cpu", copy=True)
+            # Drained to the end whatever happens here: the other ranks are inside the same gathering.
+            if self.is_master and error is None:
+                try:
+                    state[name] = tensor.detach().to("cpu", copy=True)
+                except Exception as e:  # host memory, most likely
+                    error, state = e, {}
+        if error is not None:
+            raise error
         if not self.is_master:
             return {}
         gathered = time.perf_counter()
@@ -176,7 +191,8 @@ class LoomCheckpointEngine(CheckpointEngine):
 
 class LoomCheckpointManager(CheckpointEngineManager):
     """verl's checkpoint manager with Loom's fleet as the rollout: ``update_weights`` has every actor rank send
-    through the ``loom`` backend; verl's own replicas, if it started any, are slept and woken as verl does."""
+    through the ``loom`` backend. verl's own calls on its replicas (``sleep_replicas`` and the rest) stay
+    verl's, for any rollout servers it started itself."""
 
     def __init__(self, config: Any, actor_wg: Any, replicas: list[Any] | None = None, **kwargs: Any) -> None:
         if getattr(config, "backend", None) != BACKEND:
