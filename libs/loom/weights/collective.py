@@ -303,11 +303,8 @@ class Sender:
                 )
             joined = time.monotonic()
             if fmt == "ipc":
-                on_cpu = next(iter(state.values())).device.type == "cpu" if state else True
-                moved, running = ipc.lend(
-                    store, range(1, world), state, ref.tensors, ref.bucket_bytes, timeout_s
-                )
-                store.set("loom/checksum", manifest.checksum(running) if on_cpu else "")
+                moved, crc = ipc.lend(store, range(1, world), state, ref.tensors, ref.bucket_bytes, timeout_s)
+                store.set("loom/checksum", "" if crc is None else manifest.checksum(crc))
                 store.wait([f"loom/done/{r}" for r in range(1, world)], _timeout(timeout_s))
             else:
                 pg = join(store, 0, world, ref.backend, timeout_s)

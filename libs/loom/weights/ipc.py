@@ -8,27 +8,22 @@ it, copies it into its own memory and acknowledges (``loom/ipc/ack/<rank>/<bucke
 torch's sharing as it is made to be used, one producer and one consumer per handle; at most two buckets per
 worker are lent at a time, so the trainer's memory holds two buckets a worker beyond its weights.
 
-A handle is a CUDA IPC handle on a GPU (torch's own reduction, unpickled with nothing but torch's CUDA
-rebuild allowed: the store's address comes from the update's request) or, on CPUs, the name of a
-shared-memory file, published as plain fields.
+A handle is a msgspec struct of plain fields, never a pickle (the store's address comes from the update's
+request): on a GPU, the fields torch's own reduction gives a CUDA tensor (its CUDA IPC handle, reference
+counter and event), rebuilt with torch's ``rebuild_cuda_tensor``; on CPUs, the name of a shared-memory file.
 """
 
 from __future__ import annotations
 
-import datetime
-import importlib
-import io
-import json
 import os
-import pickle
 import socket
 from collections.abc import Mapping, Sequence
-from multiprocessing.reduction import ForkingPickler
-from typing import Any, ClassVar
+from datetime import timedelta
 
+import msgspec
 import torch
 import torch.distributed as dist
-import torch.multiprocessing  # registers torch's tensor reductions with ForkingPickler
+import torch.multiprocessing.reductions as reductions
 
 from loom.protocol import TensorSpec
 from loom.weights import manifest
@@ -56,53 +51,73 @@ def host() -> str:
     return f"{socket.gethostname()}/{boot}/{ns}"
 
 
-def _timeout(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=seconds)
+class CudaHandle(msgspec.Struct, tag="cuda", frozen=True):
+    """A CUDA tensor lent by IPC: what torch's ``reduce_tensor`` gives ``rebuild_cuda_tensor``."""
+
+    size: list[int]
+    stride: list[int]
+    offset: int
+    dtype: str
+    device: int
+    handle: bytes
+    size_bytes: int
+    offset_bytes: int
+    ref_counter: bytes
+    ref_counter_offset: int
+    event: bytes | None
+    event_sync: bool
+
+
+class CpuHandle(msgspec.Struct, tag="cpu", frozen=True):
+    """A CPU tensor lent as a shared-memory file (torch's ``file_system`` sharing)."""
+
+    manager: bytes
+    name: bytes
+    size: int
+    dtype: str
+    numel: int
+
+
+Handle = CudaHandle | CpuHandle
+_decode = msgspec.msgpack.Decoder(Handle).decode
 
 
 def _handle(buf: torch.Tensor) -> bytes:
     if buf.is_cuda:
-        return b"cuda:" + bytes(ForkingPickler.dumps(buf))
-    storage = buf.untyped_storage()
-    manager, name, size = storage._share_filename_cpu_()  # moves buf into a shared-memory file
-    storage._shared_incref()  # the worker's reference, until it has opened the file (as torch's reduction does)
-    fields = {"manager": manager.hex(), "name": name.hex(), "size": size,
-              "dtype": manifest.dtype_name(buf), "numel": buf.numel()}  # fmt: skip
-    return b"cpu:" + json.dumps(fields).encode()
-
-
-class _CudaOnly(pickle.Unpickler):
-    """Unpickles a CUDA tensor's IPC handle and nothing else."""
-
-    ALLOWED: ClassVar[set[tuple[str, str]]] = {
-        ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"),
-        ("torch", "Tensor"),
-        ("torch", "Size"),
-        ("torch", "device"),
-        ("torch.storage", "UntypedStorage"),
-        ("torch.storage", "TypedStorage"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.ALLOWED:
-            return getattr(importlib.import_module(module), name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"a weights handle may not name {module}.{name}")
+        rebuild, args = reductions.reduce_tensor(buf)
+        if rebuild is not reductions.rebuild_cuda_tensor or args[4] is not torch.storage.TypedStorage:
+            raise TypeError(
+                f"torch reduced a CUDA bucket as {rebuild.__name__}({args[4]!r}), not rebuild_cuda_tensor"
+            )
+        _, size, stride, offset, _, _, device, handle, size_bytes, offset_bytes, _, counter, counter_offset, \
+            event, event_sync = args  # fmt: skip
+        h: Handle = CudaHandle(list(size), list(stride), offset, manifest.dtype_name(buf), device, handle,
+                               size_bytes, offset_bytes, counter, counter_offset, event, event_sync)  # fmt: skip
+    else:
+        storage = buf.untyped_storage()
+        manager, name, size = storage._share_filename_cpu_()  # moves buf into a shared-memory file
+        storage._shared_incref()  # the worker's reference, until it has opened the file (as torch's reduction does)
+        h = CpuHandle(manager, name, size, manifest.dtype_name(buf), buf.numel())
+    return msgspec.msgpack.encode(h)
 
 
 def _open(payload: bytes) -> torch.Tensor:
-    kind, _, body = payload.partition(b":")
-    if kind == b"cuda":
-        return _CudaOnly(io.BytesIO(body)).load()
-    if kind != b"cpu":
-        raise ValueError(f"unknown weights handle {kind[:16]!r}")
-    f = json.loads(body)
-    storage = torch.UntypedStorage._new_shared_filename_cpu(
-        bytes.fromhex(f["manager"]), bytes.fromhex(f["name"]), int(f["size"])
-    )
+    try:
+        h = _decode(payload)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not a weights handle: {e}") from e
+    dtype = getattr(torch, h.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a weights handle: dtype {h.dtype!r}")
+    if isinstance(h, CudaHandle):
+        return reductions.rebuild_cuda_tensor(
+            torch.Tensor, torch.Size(h.size), tuple(h.stride), h.offset, torch.storage.TypedStorage, dtype,
+            h.device, h.handle, h.size_bytes, h.offset_bytes, False, h.ref_counter, h.ref_counter_offset, h.event,
+            h.event_sync,
+        )  # fmt: skip
+    storage = torch.UntypedStorage._new_shared_filename_cpu(h.manager, h.name, h.size)
     storage._shared_decref()  # the trainer's reference for this worker, now that the file is open
-    return torch.empty(0, dtype=getattr(torch, f["dtype"])).set_(storage, 0, (int(f["numel"]),), (1,))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (h.numel,), (1,))
 
 
 def lend(
@@ -112,9 +127,9 @@ def lend(
     specs: list[TensorSpec],
     bucket_bytes: int,
     timeout_s: float,
-) -> tuple[int, int]:
-    """The trainer's side: lend every bucket to every worker; (bytes lent per worker, the CRC over them, on
-    CPUs). Returns once every worker acknowledged every bucket."""
+) -> tuple[int, int | None]:
+    """The trainer's side: lend every bucket to every worker; (bytes lent per worker, the CRC over them: None
+    on a GPU, whose buffers are not read back). Returns once every worker acknowledged every bucket."""
     tensors = list(state.values())
     device = tensors[0].device if tensors else torch.device("cpu")
     lent: dict[int, list[torch.Tensor]] = {}
@@ -137,13 +152,13 @@ def lend(
             _returned(store, ranks, i + 1 - IN_FLIGHT, lent, timeout_s)
     for i in sorted(lent):
         _returned(store, ranks, i, lent, timeout_s)
-    return moved, running
+    return moved, running if device.type == "cpu" else None
 
 
 def _returned(
     store: dist.Store, ranks: Sequence[int], i: int, lent: dict[int, list[torch.Tensor]], timeout_s: float
 ) -> None:
-    store.wait([f"loom/ipc/ack/{r}/{i}" for r in ranks], _timeout(timeout_s))
+    store.wait([f"loom/ipc/ack/{r}/{i}" for r in ranks], timedelta(seconds=timeout_s))
     buckets = lent.pop(i)
     cuda = any(b.is_cuda for b in buckets)
     del buckets
@@ -160,7 +175,7 @@ def borrow(
     running = 0
     for i, b in enumerate(manifest.buckets(specs, bucket_bytes)):
         first, last = b.first, b.last
-        store.wait([f"loom/ipc/{rank}/{i}"], _timeout(timeout_s))
+        store.wait([f"loom/ipc/{rank}/{i}"], timedelta(seconds=timeout_s))
         view = _open(store.get(f"loom/ipc/{rank}/{i}"))
         if view.device.type == "cpu":
             running = manifest.crc(view, running)
