@@ -13,6 +13,11 @@ import httpx
 from loom.protocol import Trajectory, from_json
 
 
+def connect(url: str, token: str) -> httpx.AsyncClient:
+    """An async client of Loom's REST edge at ``url`` with ``token``."""
+    return httpx.AsyncClient(base_url=url, timeout=60.0, headers={"Authorization": f"Bearer {token}"})
+
+
 def checked(r: httpx.Response) -> Any:
     """The answer's JSON; an answer of 400 or more as a RuntimeError that says what Loom said."""
     if r.status_code >= 400:

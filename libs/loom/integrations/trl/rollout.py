@@ -23,7 +23,7 @@ import httpx
 
 from loom.envs import registry
 from loom.integrations import fleet
-from loom.integrations.jobs import checked, collect, slots
+from loom.integrations.jobs import checked, collect, connect, slots
 from loom.protocol import Trajectory
 from loom.protocol.messages import TERMINAL_JOB_STATES
 from loom.text.tokenizer import ENDOFTEXT
@@ -196,9 +196,7 @@ class LoomRollout:
         self.version = step
 
     async def _push(self, step: int, model: Any, state: dict[str, Any]) -> None:
-        async with httpx.AsyncClient(
-            base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {self.token}"}
-        ) as http:
+        async with connect(self.url, self.token) as http:
             if self.weights == "disk":
                 path = (self.checkpoints / f"v{step}").resolve()
                 await asyncio.to_thread(

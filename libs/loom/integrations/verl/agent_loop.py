@@ -22,8 +22,9 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from loom.integrations.jobs import connect
 from loom.integrations.verl.batch import extra_fields
-from loom.integrations.verl.client import connect, run_job
+from loom.integrations.verl.client import run_job
 from loom.integrations.verl.config import LoomConfig, loom_config
 from loom.integrations.verl.jobs import task_of
 from loom.integrations.verl.manager import job_spec

@@ -28,16 +28,16 @@ import asyncio
 import importlib.util
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import httpx
 import ray
 import torch
 from verl.checkpoint_engine import CheckpointEngine, CheckpointEngineManager, CheckpointEngineRegistry
 from verl.utils.ray_utils import auto_await
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from loom.integrations import fleet
+from loom.integrations.jobs import connect
 from loom.weights.collective import Sender
 from loom.weights.publish import CollectiveTransport
 
@@ -87,17 +87,6 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # its parent package is missing
         return False
-
-
-async def _items(
-    weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterator[tuple[str, torch.Tensor]],
-) -> Any:
-    if hasattr(weights, "__aiter__"):
-        async for item in weights:
-            yield item
-    else:
-        for item in weights:
-            yield item
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -156,7 +145,7 @@ class LoomCheckpointEngine(CheckpointEngine):
         t0 = time.perf_counter()
         state: dict[str, torch.Tensor] = {}
         error: BaseException | None = None
-        async for name, tensor in _items(weights):
+        async for name, tensor in ensure_async_iterator(weights):
             # Drained to the end whatever happens here: the other ranks are inside the same gathering.
             if self.is_master and error is None:
                 try:
@@ -171,9 +160,7 @@ class LoomCheckpointEngine(CheckpointEngine):
         if not global_steps:
             # Step 0 of a fresh run: the fleet already serves the weights the actor starts from.
             return {"loom/gather_s": gathered - t0}
-        async with httpx.AsyncClient(
-            base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {self.token}"}
-        ) as http:
+        async with connect(self.url, self.token) as http:
             serves = await fleet.push(
                 http, self.model, int(global_steps), state, self.transport, self.timeout_s
             )

@@ -15,10 +15,6 @@ from loom.protocol import Trajectory
 from loom.protocol.messages import TERMINAL_JOB_STATES
 
 
-def connect(url: str, token: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=url, timeout=60.0, headers={"Authorization": f"Bearer {token}"})
-
-
 async def run_job(
     http: httpx.AsyncClient, spec: dict[str, Any], timeout_s: float
 ) -> dict[tuple[int, int], Trajectory]:

@@ -22,8 +22,9 @@ from typing import Any
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
 
+from loom.integrations.jobs import connect
 from loom.integrations.verl.batch import to_dataproto
-from loom.integrations.verl.client import connect, run_job
+from loom.integrations.verl.client import run_job
 from loom.integrations.verl.config import LoomConfig, loom_config
 from loom.integrations.verl.jobs import plan
 from loom.integrations.verl.samples import sample_of
