@@ -75,7 +75,7 @@ def engine_main(device: str, quick: bool, layers: int | None) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
-        ref = msgspec.json.decode(json.dumps(msg["ref"]).encode(), type=WeightsRef)
+        ref = msgspec.convert(msg["ref"], WeightsRef)
         t0 = time.perf_counter()
         try:
             state = asyncio.run(Incoming(ref, timeout_s=TIMEOUT_S).tensors(device))
