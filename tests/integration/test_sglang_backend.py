@@ -185,6 +185,10 @@ async def test_log_probs_come_back_one_per_output_token(backend: tuple[SimServer
     assert [t[1] for t in prompt] == [5, 6, 7, 8] and prompt[0][0] is None and prompt[1][0] <= 0
     status, _ = await _post(server.url + "/generate", {**body, "sampling_params": {"top_p": 0}})
     assert status == 400
+    # SGLang disables top-k with -1 alone (what Loom sends); 0, vLLM's way, is refused.
+    for bad in ({"top_k": 0}, {"min_p": 1.5}, {"repetition_penalty": 2.5}, {"presence_penalty": -3}):
+        status, text = await _post(server.url + "/generate", {**body, "sampling_params": bad})
+        assert status == 400, (bad, text)
 
 
 async def test_a_forced_reply_is_scored_by_a_prefill_only_request(

@@ -37,9 +37,11 @@ MODEL = "qwen3-0.6b"
 class SimServer(sim_servers.SimServer):
     """The vLLM-compatible server on a free port, uvicorn in-process, over a sped-up simulated engine."""
 
-    def __init__(self, max_running: int = 64, app: FastAPI | None = None) -> None:
+    def __init__(
+        self, max_running: int = 64, app: FastAPI | None = None, generation: dict[str, float] | None = None
+    ) -> None:
         engine = sim_engine(MODEL, "h100", 1, Clock(SPEED), max_running=max_running)
-        super().__init__(engine, app or build_app(engine))
+        super().__init__(engine, app or build_app(engine, generation))
 
     async def received(self) -> dict[str, Any]:
         return await _get(self.url + "/loom/received")  # type: ignore[no-any-return]
@@ -62,6 +64,12 @@ async def backend() -> AsyncIterator[tuple[SimServer, VLLMEngine]]:
 
 async def _get(url: str) -> Any:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+async def _post(url: str, body: dict[str, Any]) -> Any:
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
         assert r.status == 200, await r.text()
         return await r.json()
 
@@ -123,6 +131,33 @@ async def test_priorities_reach_the_server_negated(backend: tuple[SimServer, VLL
         await client.generate(_req(f"p{i}", n=2, priority=p))
     # vLLM serves lower values first, Loom larger ones.
     assert (await server.received())["priorities"] == [0, -12, -3000, 7]
+
+
+# What Qwen3's generation_config.json sets, which vLLM applies to every field a request leaves out.
+QWEN3_GENERATION = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+
+
+async def test_every_field_that_shapes_the_distribution_is_sent_over_the_model_s_defaults() -> None:
+    async with (
+        SimServer(generation=QWEN3_GENERATION) as server,
+        started(VLLMEngine(server.url, model=MODEL, poll_s=0.05)) as client,
+    ):
+        await client.generate(_req("loom", n=2, temperature=1.0, top_p=1.0))
+        # A request that leaves the fields out samples from the model's truncated distribution, as real vLLM does.
+        raw = await _post(
+            server.url + "/v1/completions", {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}
+        )
+        assert raw["choices"][0]["finish_reason"] in ("length", "stop")
+        loom, bare = (await server.received())["sampling"]
+    neutral = {
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
+    assert loom == {"temperature": 1.0, "top_p": 1.0, **neutral}
+    assert bare == {**neutral, **QWEN3_GENERATION}
 
 
 async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> None:

@@ -42,6 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Summed over label sets, one per DP rank: right for counts and throughput; the hit rate assumes one rank.
+# Every field that shapes the sampling distribution, neutral and sent explicitly: SGLang's /generate merges a
+# server's --preferred-sampling-params under the request's, and Loom records the distribution at the request's
+# temperature and top_p alone. SGLang disables top_k with -1 only (0 is refused).
+NEUTRAL = {
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 _METRICS = (
     "sglang:num_running_reqs",
     "sglang:num_queue_reqs",
@@ -99,6 +109,7 @@ class SGLangEngine(HTTPEngine):
                 "ignore_eos": req.ignore_eos,
                 "temperature": req.temperature,
                 "top_p": req.top_p,
+                **NEUTRAL,
             },
             "stream": False,
         }
@@ -148,7 +159,12 @@ class SGLangEngine(HTTPEngine):
         body: dict[str, Any] = {
             "rid": rid,
             "input_ids": ids + forced,
-            "sampling_params": {"max_new_tokens": 0, "temperature": req.temperature, "top_p": req.top_p},
+            "sampling_params": {
+                "max_new_tokens": 0,
+                "temperature": req.temperature,
+                "top_p": req.top_p,
+                **NEUTRAL,
+            },
             "return_logprob": True,
             "logprob_start_len": len(ids) - 1,
             "stream": False,

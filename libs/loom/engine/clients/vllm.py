@@ -89,6 +89,16 @@ _METRICS = (
     "vllm:prefix_cache_queries_total",
     "vllm:num_preemptions_total",
 )
+# Every field that shapes the sampling distribution, neutral and sent explicitly: vLLM fills each one a request
+# leaves out from the checkpoint's generation_config (--generation-config auto, its default; Qwen3's sets top_k
+# 20, top_p 0.95), and Loom records the distribution at the request's temperature and top_p alone.
+NEUTRAL = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 _TOKEN_ID = "token_id:"  # return_tokens_as_token_ids names tokens so (generate/base/serving.py)
 
 
@@ -229,6 +239,7 @@ class VLLMEngine(HTTPEngine):
             "max_tokens": max(1, req.max_new_tokens),
             "temperature": req.temperature,
             "top_p": req.top_p,
+            **NEUTRAL,
             "ignore_eos": req.ignore_eos,
             "request_id": req.rid,
             "return_token_ids": True,

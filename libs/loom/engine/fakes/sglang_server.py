@@ -71,6 +71,25 @@ INITIAL_WEIGHT_VERSION = "default"  # what SGLang reports before any update
 DISCONNECT_POLL_S = 1.0  # SGLang notices a vanished non-streaming client within seconds too
 
 
+def _verify_shaping(params: dict[str, Any]) -> None:
+    """SGLang's SamplingParams.verify for the fields beyond temperature and top_p (sampling_params.py, 0.5.23):
+    top_k is -1 (disabled) or at least 1, never 0; min_p in [0, 1]; repetition_penalty in (0, 2]; presence and
+    frequency penalties in [-2, 2]."""
+    top_k = params.get("top_k", -1)
+    if not isinstance(top_k, int) or (top_k != -1 and top_k < 1):
+        raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    min_p = params.get("min_p", 0.0)
+    if not isinstance(min_p, int | float) or not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}.")
+    rep = params.get("repetition_penalty", 1.0)
+    if not isinstance(rep, int | float) or not 0 < rep <= 2:
+        raise ValueError(f"repetition_penalty must be in (0, 2], got {rep}.")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = params.get(name, 0.0)
+        if not isinstance(value, int | float) or not -2 <= value <= 2:
+            raise ValueError(f"{name} must be in [-2, 2], got {value}.")
+
+
 class GenerateReqInput(BaseModel):
     """The fields of SGLang's GenerateReqInput the simulator acts on; the others are accepted and ignored.
     Batches (lists of prompts) are refused."""
@@ -277,6 +296,7 @@ class _SimServer:
             raise ValueError(f"temperature must be non-negative, got {temperature}.")
         if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+        _verify_shaping(params)
         start = None
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or top < 0:

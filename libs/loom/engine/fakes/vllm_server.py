@@ -47,7 +47,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -92,6 +92,11 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = 16
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     n: int = 1
     stream: bool | None = False
     echo: bool | None = False
@@ -177,6 +182,7 @@ class Received(BaseModel):
     cache_resets: list[bool] = Field(default_factory=list)  # reset_running_requests of each success
     scored: int = 0  # completion requests with prompt_logprobs
     transferred: list[str] = Field(default_factory=list)  # versions finished by the weight-transfer engine
+    sampling: list[dict[str, float]] = Field(default_factory=list)  # each completion's effective sampling
 
 
 class _Metrics:
@@ -257,9 +263,21 @@ class _Refused(Exception):
         self.status = status
 
 
+# vLLM's CompletionRequest._DEFAULT_SAMPLING_PARAMS: what a field left out (None) falls back to when the model's
+# generation_config sets nothing for it (openai/completion/protocol.py, vLLM 0.33).
+OPENAI_DEFAULTS: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                     "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # fmt: skip
+
+
 class _SimServer:
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, generation_defaults: Mapping[str, float] | None = None) -> None:
         self.engine = engine
+        # What --generation-config auto (vLLM's default) reads from the checkpoint's generation_config.json:
+        # every field a request leaves out takes it (ModelConfig.get_diff_sampling_param).
+        unknown = set(generation_defaults or {}) - set(OPENAI_DEFAULTS)
+        if unknown:
+            raise ValueError(f"generation defaults vLLM does not apply: {sorted(unknown)}")
+        self.generation_defaults = dict(generation_defaults or {})
         self.served = engine.info.model
         self.model_path = engine.info.model  # model_config.model: the checkpoint loaded last
         self.next_path = self.model_path  # what update_config set for the next reload
@@ -296,6 +314,8 @@ class _SimServer:
             raise _Refused(f"the simulator already runs request {obj.request_id!r}")
         _keep(self.received.requests, obj.request_id)
         _keep(self.received.priorities, obj.priority)
+        sampling = self.sampling(obj)
+        _keep(self.received.sampling, sampling)
         scoring = obj.prompt_logprobs is not None
         self.received.scored += scoring
         # vLLM reads no cached prefix for a prompt_logprobs request: a key of its own misses the cache.
@@ -308,8 +328,8 @@ class _SimServer:
             prefix_key=key,
             ignore_eos=obj.ignore_eos,
             priority=-float(obj.priority),  # vLLM serves lower values first, the simulator larger ones
-            temperature=1.0 if obj.temperature is None else obj.temperature,
-            top_p=1.0 if obj.top_p is None else obj.top_p,
+            temperature=sampling["temperature"],
+            top_p=sampling["top_p"],
             stop_token_ids=sorted(stops) or None,
         )
         computed = ids
@@ -356,6 +376,16 @@ class _SimServer:
             raise _Refused(f"temperature must be in [0, 2], got {obj.temperature}.")
         if obj.top_p is not None and not 0 < obj.top_p <= 1:
             raise _Refused(f"top_p must be in (0, 1], got {obj.top_p}.")
+        if obj.top_k is not None and obj.top_k < -1:
+            raise _Refused(f"top_k must be 0 (disable), or at least 1, got {obj.top_k}.")
+        if obj.min_p is not None and not 0 <= obj.min_p <= 1:
+            raise _Refused(f"min_p must be in [0, 1], got {obj.min_p}.")
+        if obj.repetition_penalty is not None and not 0 < obj.repetition_penalty < float("inf"):
+            raise _Refused(f"repetition_penalty must be a positive float, got {obj.repetition_penalty}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(obj, name)
+            if value is not None and not -2 <= value <= 2:
+                raise _Refused(f"{name} must be in [-2, 2], got {value}.")
         for name, k in (("sample", obj.logprobs), ("prompt", obj.prompt_logprobs)):
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise _Refused(f"Requested {name} logprobs of {k}, which is greater than max allowed: 20")
@@ -367,6 +397,17 @@ class _SimServer:
                 f"{len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in the completion)."
             )
         return ids, max_tokens
+
+    def sampling(self, obj: CompletionRequest) -> dict[str, float]:
+        """The request's sampling as vLLM fills it: its own value, else the model's generation default, else
+        OpenAI's (CompletionRequest.to_sampling_params: "user -> server default -> OpenAI default")."""
+        out = {}
+        for name, fallback in OPENAI_DEFAULTS.items():
+            value = getattr(obj, name)
+            out[name] = self.generation_defaults.get(name, fallback) if value is None else value
+        if out["top_k"] == -1:
+            out["top_k"] = 0  # vLLM quietly takes -1 as 0, disabled
+        return out
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
         # vLLM's with_cancellation aborts a request whose client went away, as this does.
@@ -654,9 +695,9 @@ def sim_engine(model: str, gpu: str, tp: int, clock: Clock, max_running: int = 2
     return engine
 
 
-def build_app(engine: SimEngine) -> FastAPI:
+def build_app(engine: SimEngine, generation_defaults: Mapping[str, float] | None = None) -> FastAPI:
     """vLLM's HTTP API over ``engine``, which the caller starts and closes."""
-    server = _SimServer(engine)
+    server = _SimServer(engine, generation_defaults)
     app = FastAPI(title="Loom simulated engine (vLLM-compatible)")
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
