@@ -30,15 +30,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpu", default="h100")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--speed", type=float, default=1.0, help="simulated time runs this many times faster")
+    p.add_argument(
+        "--generation-config",
+        help="vLLM only: a checkpoint's generation_config.json (or its directory), whose sampling fills every "
+        "field a request leaves out, as vLLM's --generation-config auto does",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     logs.configure("sim-server", "INFO")
-    if args.api == "vllm":
-        from loom.engine.fakes.vllm_server import serve
-    else:
-        from loom.engine.fakes.sglang_server import serve
     port = DEFAULT_PORTS[args.api] if args.port is None else args.port
+    if args.api == "vllm":
+        from loom.engine.fakes.vllm_server import serve as serve_vllm
+
+        asyncio.run(
+            serve_vllm(args.host, port, args.model, args.gpu, args.tp, args.speed, args.generation_config)
+        )
+        return 0
+    if args.generation_config:
+        raise SystemExit(
+            "SGLang's /generate applies no model generation config (only its OpenAI chat route does)"
+        )
+    from loom.engine.fakes.sglang_server import serve
+
     asyncio.run(serve(args.host, port, args.model, args.gpu, args.tp, args.speed))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 from collections.abc import AsyncIterator
@@ -158,6 +159,19 @@ async def test_every_field_that_shapes_the_distribution_is_sent_over_the_model_s
     }
     assert loom == {"temperature": 1.0, "top_p": 1.0, **neutral}
     assert bare == {**neutral, **QWEN3_GENERATION}
+
+
+def test_the_model_s_generation_config_is_read_as_vllm_reads_it(tmp_path: Path) -> None:
+    from loom.engine.fakes.vllm_server import generation_defaults
+
+    config = {
+        **QWEN3_GENERATION,
+        "do_sample": True,
+        "eos_token_id": [151645, 151643],
+        "repetition_penalty": None,
+    }
+    (tmp_path / "generation_config.json").write_text(json.dumps(config))
+    assert generation_defaults(tmp_path) == QWEN3_GENERATION  # the fields vLLM reads, those set
 
 
 async def test_priority_orders_the_queue_when_one_request_runs_at_a_time() -> None:

@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -726,10 +728,21 @@ def build_app(engine: SimEngine, generation_defaults: Mapping[str, float] | None
     return app
 
 
-async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float) -> None:
+def generation_defaults(path: str | Path) -> dict[str, float]:
+    """What vLLM takes from a checkpoint's generation_config.json (``path``: the file or its directory) as the
+    sampling of every field a request leaves out: the values it sets, of the fields vLLM reads."""
+    p = Path(path)
+    config = json.loads((p / "generation_config.json" if p.is_dir() else p).read_text())
+    return {k: config[k] for k in OPENAI_DEFAULTS if config.get(k) is not None}
+
+
+async def serve(
+    host: str, port: int, model: str, gpu: str, tp: int, speed: float, generation_config: str | None = None
+) -> None:
     """Run the simulated engine behind vLLM's API until SIGTERM or SIGINT; port 0 picks a free port."""
     engine = sim_engine(model, gpu, tp, Clock(speed))
-    await serve_engine(engine, build_app(engine), host, port, "vLLM", speed)
+    defaults = generation_defaults(generation_config) if generation_config else None
+    await serve_engine(engine, build_app(engine, defaults), host, port, "vLLM", speed)
 
 
 def chain_logprobs(ids: Sequence[int], start: int) -> list[float]:
