@@ -214,8 +214,8 @@ async def test_a_forced_reply_is_scored_by_a_prefill_only_request(
     assert all(lp <= 0 for lp in out.output_logprobs)
     assert out.output_top_logprobs is not None
     assert all(
-        len(row) == 2 and t in [a for a, _ in row]
-        for t, row in zip(reply, out.output_top_logprobs, strict=True)
+        len(row) == 2 and row[0][1] >= row[1][1] and ((t, lp) in row or lp < row[-1][1])
+        for t, lp, row in zip(reply, out.output_logprobs, out.output_top_logprobs, strict=True)
     )
     assert server.engine.load().generated_tokens == generated  # a prefill: no token decoded
     # The same as scoring the whole sequence by hand.

@@ -176,18 +176,19 @@ async def test_the_sglang_client_asks_for_top_logprobs_and_stop_ids() -> None:
             EngineRequest("s.0", 8, 12, input_ids=list(range(8)), ignore_eos=True, return_logprob=True)
         )
         assert plain.output_ids is not None and plain.output_top_logprobs is None
+        # The same request again (the same draws), asking for alternatives as well.
         out = await client.generate(
-            EngineRequest("s.1", 8, 12, input_ids=list(range(8)), return_logprob=True, top_logprobs=3)
+            EngineRequest("s.0", 8, 12, input_ids=list(range(8)), return_logprob=True, top_logprobs=3)
         )
         assert out.output_ids == plain.output_ids and out.output_top_logprobs is not None
         assert out.output_logprobs == plain.output_logprobs
         for t, lp, row in zip(
             out.output_ids, out.output_logprobs or [], out.output_top_logprobs, strict=True
         ):
-            assert len(row) == 3 and (t, lp) in row
+            assert len(row) == 3 and ((t, lp) in row or lp < row[-1][1])
         stop = plain.output_ids[4]
         cut = await client.generate(
-            EngineRequest("s.2", 8, 12, input_ids=list(range(8)), stop_token_ids=[stop], stop=["zz"])
+            EngineRequest("s.0", 8, 12, input_ids=list(range(8)), stop_token_ids=[stop], stop=["zz"])
         )
         at = plain.output_ids.index(stop)
         assert cut.output_ids == plain.output_ids[: at + 1] and cut.finish_reason == "stop"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ import aiohttp
 import pytest
 
 from loom.engine.clients.vllm import engine_rid
-from loom.engine.fakes.vllm_server import chain_logprobs
+from loom.engine.fakes.next_token import raw_logprob
 from loom_cli.simserver import register
 from tests.integration.helpers import until
 from tests.sim_servers import sim_server_process
@@ -49,7 +50,10 @@ async def test_a_completion_in_vllms_shape(server: SimServer) -> None:
     assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
     lp = choice["logprobs"]
     assert lp["tokens"] == [f"token_id:{t}" for t in ids]
-    assert lp["token_logprobs"] == pytest.approx(chain_logprobs([5, 6, 7, 8, *ids], 4))
+    # At temperature 1, untruncated, the distribution sampled from is the model's own.
+    assert lp["token_logprobs"] == pytest.approx(
+        [raw_logprob(p, t) for p, t in itertools.pairwise([8, *ids])]
+    )
     # The sampled token and the top 2, keyed as return_tokens_as_token_ids names them.
     assert all(
         f"token_id:{t}" in top and 2 <= len(top) <= 3 for t, top in zip(ids, lp["top_logprobs"], strict=True)
@@ -59,7 +63,7 @@ async def test_a_completion_in_vllms_shape(server: SimServer) -> None:
     for t, row in zip([6, 7, 8], prompt[1:], strict=True):
         assert str(t) in row and set(row[str(t)]) == {"logprob", "rank", "decoded_token"}
     assert [row[str(t)]["logprob"] for t, row in zip([6, 7, 8], prompt[1:], strict=True)] == pytest.approx(
-        chain_logprobs([5, 6, 7, 8], 1)
+        [raw_logprob(p, t) for p, t in itertools.pairwise([5, 6, 7, 8])]
     )
     assert out["usage"] == {
         "prompt_tokens": 4,
@@ -84,7 +88,7 @@ async def test_bad_requests_are_answered_as_vllm_does(server: SimServer) -> None
         (_completion(logprobs=21), 400, "max allowed: 20"),
         (_completion(stream=True), 400, "streams"),
         (_completion(model="other"), 404, "does not exist"),
-        (_completion(max_tokens=10**9), 400, "maximum context length"),
+        (_completion(max_tokens=10**9), 400, "cannot be greater than max_model_len=654328"),
         (_completion(priority="high"), 400, "priority"),
     ]
     for body, code, message in cases:

@@ -56,20 +56,28 @@ def is_dir(path: str) -> bool:
 
 
 async def generate_for(
-    engine: SimEngine, req: EngineRequest, request: Request, poll_s: float
+    engine: SimEngine, req: EngineRequest, request: Request, poll_s: float, prepare_s: float = 0.0
 ) -> EngineOutput:
-    """``req`` on the engine for the HTTP ``request``, aborted once its client goes away (checked every
-    ``poll_s``), as both servers notice a vanished non-streaming client; cancelled with its handler."""
-    run = asyncio.create_task(engine.generate(req), name=f"sim-{req.rid}")
+    """``req`` on the engine for the HTTP ``request``, registered with it after ``prepare_s`` seconds of
+    preparation, and cancelled, in either phase, once its client goes away (checked every ``poll_s``), as both
+    servers notice a vanished non-streaming client: the engine aborts a request on cancellation."""
+
+    async def prepared() -> EngineOutput:
+        await asyncio.sleep(prepare_s)
+        return await engine.generate(req)
+
+    run = asyncio.create_task(prepared(), name=f"sim-{req.rid}")
     try:
         while True:
             done, _ = await asyncio.wait({run}, timeout=poll_s)
             if done:
                 return run.result()
             if await request.is_disconnected():
-                await engine.abort(req.rid)
+                break
     finally:
-        if not run.done():  # this handler was cancelled: the engine aborts the request on cancellation
+        if not run.done():
             run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run
+    # Nobody reads this: the client is gone.
+    return EngineOutput(rid=req.rid, output_len=0, finish_reason="abort")

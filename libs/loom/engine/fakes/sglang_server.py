@@ -40,7 +40,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -58,10 +59,11 @@ from pydantic import BaseModel, ConfigDict
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.fakes.next_token import Sampling, raw_logprob, raw_top, sample, seed_of
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
-from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_logprobs, synth_top_logprobs
+from loom.engine.token_ids import ContextKeys
 from loom.weights import Incoming
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,17 @@ def _verify_shaping(params: dict[str, Any]) -> None:
         value = params.get(name, 0.0)
         if not isinstance(value, int | float) or not -2 <= value <= 2:
             raise ValueError(f"{name} must be in [-2, 2], got {value}.")
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A checked request: the engine's, its input ids, the first prompt position whose log-probability the
+    response reports (None: no log-probs asked for), and its sampling."""
+
+    req: EngineRequest
+    ids: list[int]
+    start: int | None
+    sampling: Sampling
 
 
 class GenerateReqInput(BaseModel):
@@ -242,9 +255,24 @@ class _Metrics:
         return generate_latest(self.registry)
 
 
+@dataclass(frozen=True)
+class Options:
+    """How the simulated SGLang server was started, of SGLang's flags that change what a client sees."""
+
+    # --preferred-sampling-params: the only server default /generate merges under a request's sampling_params
+    # (TokenizerManager._create_tokenized_object); a model's generation_config reaches only the chat route.
+    preferred_sampling_params: Mapping[str, Any] = field(default_factory=dict)
+    context_length: int | None = None  # --context-length; None: the KV cache's size
+
+    def __post_init__(self) -> None:
+        _verify_shaping(dict(self.preferred_sampling_params))
+
+
 class _SimServer:
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, options: Options) -> None:
         self.engine = engine
+        self.preferred = dict(options.preferred_sampling_params)
+        self.context_len = options.context_length or engine.info.kv_capacity_tokens
         self.model_path = engine.info.model  # SGLang reports the last checkpoint loaded
         self.weight_version = INITIAL_WEIGHT_VERSION
         self.keys = ContextKeys(engine.info.kv_capacity_tokens)
@@ -266,19 +294,18 @@ class _SimServer:
 
     async def generate(self, obj: GenerateReqInput, request: Request) -> Response:
         try:
-            req, ids, start = self._request(obj)
+            run = self._request(obj)
         except ValueError as e:
             return _error(e)
         if obj.stream:
-            return StreamingResponse(self._stream(req, ids, start, request), media_type="text/event-stream")
+            return StreamingResponse(self._stream(run, request), media_type="text/event-stream")
         try:
-            return JSONResponse(await self._complete(req, ids, start, request))
+            return JSONResponse(await self._complete(run, request))
         except ValueError as e:
             return _error(e)
 
-    def _request(self, obj: GenerateReqInput) -> tuple[EngineRequest, list[int], int | None]:
-        """The engine's request, the input ids, and the first prompt position whose log-probability the
-        response reports (None: no log-probs asked for)."""
+    def _request(self, obj: GenerateReqInput) -> _Request:
+        """What ``obj`` asks the engine for, or the error SGLang answers."""
         if obj.text is not None:
             raise ValueError("the simulator has no tokenizer: send input_ids instead of text")
         if not obj.input_ids:
@@ -286,10 +313,24 @@ class _SimServer:
         ids = [t for t in obj.input_ids if isinstance(t, int)]
         if len(ids) < len(obj.input_ids):
             raise ValueError("batch requests (a list of prompts) are not supported by the simulator")
-        params = obj.sampling_params or {}
+        params = {**self.preferred, **(obj.sampling_params or {})}
         max_new = params.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
         if not isinstance(max_new, int) or max_new < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new!r}")
+        # TokenizerManager._validate_one_request; an output left unbounded is cut by the scheduler instead.
+        limit = self.context_len
+        if len(ids) >= limit:
+            raise ValueError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length ({limit} tokens)."
+            )
+        if "max_new_tokens" in params and max_new + len(ids) > limit:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {limit} tokens. You "
+                f"requested a total of {max_new + len(ids)} tokens: {len(ids)} tokens from the input messages "
+                f"and {max_new} tokens for the completion. Please reduce the number of tokens in the input "
+                "messages or the completion to fit within the limit."
+            )
+        max_new = min(max_new, limit - len(ids))
         # SGLang's SamplingParams.verify: temperature >= 0 (0 is greedy), top_p in (0, 1].
         temperature, top_p = params.get("temperature", 1.0), params.get("top_p", 1.0)
         if not isinstance(temperature, int | float) or temperature < 0:
@@ -323,21 +364,28 @@ class _SimServer:
             stop_token_ids=stop_ids or None,
             top_logprobs=top if start is not None else 0,
         )
-        return req, ids, start
+        top_k = params.get("top_k", -1)
+        sampling = Sampling(
+            temperature=float(temperature),
+            top_p=float(top_p),
+            top_k=0 if top_k == -1 else top_k,
+            min_p=float(params.get("min_p", 0.0)),
+            repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+            presence_penalty=float(params.get("presence_penalty", 0.0)),
+            frequency_penalty=float(params.get("frequency_penalty", 0.0)),
+        )
+        return _Request(req, ids, start, sampling)
 
-    async def _stream(
-        self, req: EngineRequest, ids: list[int], start: int | None, request: Request
-    ) -> AsyncIterator[bytes]:
+    async def _stream(self, run: _Request, request: Request) -> AsyncIterator[bytes]:
         # The simulator reports a request only when it ends, so the stream carries one chunk: the final one.
         try:
-            yield _sse(await self._complete(req, ids, start, request))
+            yield _sse(await self._complete(run, request))
         except ValueError as e:
             yield _sse({"error": {"message": str(e)}})
         yield b"data: [DONE]\n\n"
 
-    async def _complete(
-        self, req: EngineRequest, ids: list[int], start: int | None, request: Request
-    ) -> dict[str, Any]:
+    async def _complete(self, run: _Request, request: Request) -> dict[str, Any]:
+        req, ids, start = run.req, run.ids, run.start
         await self._no_writer.wait()  # a weight update is waiting for the requests in flight
         if req.rid in self.inflight:
             raise ValueError(f"Duplicate request ID: {req.rid} is already running")
@@ -348,11 +396,14 @@ class _SimServer:
         self._no_readers.clear()
         try:
             out = await self._run(req, request)
-            seed = ids_key(ids)
-            output_ids = synth_ids(seed, out.output_len)
+            # Off the event loop: a long output takes a while to draw.
+            steps = await asyncio.to_thread(
+                sample, ids, out.output_len, run.sampling, seed_of(ids, req.rid), req.top_logprobs
+            )
+            output_ids = [st.token for st in steps]
             matched = _first_stop(output_ids, req.stop_token_ids)
             if matched is not None and out.finish_reason != "abort":
-                output_ids = output_ids[: matched + 1]
+                output_ids, steps = output_ids[: matched + 1], steps[: matched + 1]
                 out.output_len, out.finish_reason, out.output_ids = len(output_ids), "stop", output_ids
             computed = ids + output_ids
         finally:
@@ -364,23 +415,18 @@ class _SimServer:
         self.metrics.finished(len(ids), out)
         meta = self._meta(req, len(ids), out)
         if start is not None:
-            # [logprob, token_id, text]: text only with return_text_in_logprobs, which needs a tokenizer.
-            logprobs = synth_logprobs(seed + "/out", out.output_len)
-            meta["output_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)
-            ]
+            # [logprob, token_id, text]: text only with return_text_in_logprobs, which needs a tokenizer. SGLang
+            # reports log_softmax((logits + penalties) / temperature), before top-k, top-p and min-p.
+            meta["output_token_logprobs"] = [[st.scaled, st.token, None] for st in steps]
             if req.top_logprobs:
-                rows = synth_top_logprobs(seed + "/top", output_ids, logprobs, req.top_logprobs)
-                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in row] for row in rows]
-            prompt = synth_logprobs(seed + "/in", len(ids))
+                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in st.top_scaled] for st in steps]
             meta["input_token_logprobs"] = [
-                [prompt[i] if i > start else None, ids[i], None] for i in range(start, len(ids))
+                [raw_logprob(ids[i - 1], ids[i]) if i > start else None, ids[i], None]
+                for i in range(start, len(ids))
             ]
             if req.top_logprobs:
                 # As SGLang's: a row per input position from logprob_start_len, the first one empty.
-                rows = synth_top_logprobs(
-                    seed + "/intop", ids[start + 1 :], prompt[start + 1 :], req.top_logprobs
-                )
+                rows = [raw_top(ids[i - 1], req.top_logprobs) for i in range(start + 1, len(ids))]
                 meta["input_top_logprobs"] = [[], *([[lp, t, None] for t, lp in row] for row in rows)]
         return {"text": "", "output_ids": output_ids, "meta_info": meta}
 
@@ -585,9 +631,15 @@ class _SimServer:
             "model_path": self.model_path,
             "tokenizer_path": self.model_path,
             "is_generation": True,
-            "preferred_sampling_params": None,
+            "preferred_sampling_params": json.dumps(self.preferred) if self.preferred else None,
             "weight_version": self.weight_version,
         }
+
+    async def models(self) -> dict[str, Any]:
+        # SGLang's /v1/models card carries the context length as max_model_len (http_server.py).
+        card = {"id": self.engine.info.model, "object": "model", "created": int(time.time()),
+                "owned_by": "sglang", "root": self.model_path, "max_model_len": self.context_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
 
     async def get_weight_version(self) -> dict[str, Any]:
         return {"weight_version": self.weight_version}
@@ -628,9 +680,9 @@ class _SimServer:
         return Response(self.metrics.exposition(self.engine), media_type=CONTENT_TYPE_LATEST)
 
 
-def build_app(engine: SimEngine) -> FastAPI:
+def build_app(engine: SimEngine, options: Options | None = None) -> FastAPI:
     """SGLang's HTTP API over ``engine``, which the caller starts and closes."""
-    server = _SimServer(engine)
+    server = _SimServer(engine, options or Options())
     app = FastAPI(title="Loom simulated engine (SGLang-compatible)")
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_api_route("/generate", server.generate, methods=["POST", "PUT"])
@@ -650,14 +702,15 @@ def build_app(engine: SimEngine) -> FastAPI:
     app.add_api_route("/get_weight_version", server.get_weight_version, methods=["GET"])
     app.add_api_route("/get_server_info", server.get_server_info, methods=["GET"])
     app.add_api_route("/get_load", server.get_load, methods=["GET"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
     return app
 
 
-async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float) -> None:
+async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float, options: Options) -> None:
     """Run the simulated engine behind SGLang's API until SIGTERM or SIGINT; port 0 picks a free port."""
     engine = SimEngine(model=model, gpu=gpu, tp=tp, clock=Clock(speed))
-    await serve_engine(engine, build_app(engine), host, port, "SGLang", speed)
+    await serve_engine(engine, build_app(engine, options), host, port, "SGLang", speed)
 
 
 def _update_answer(success: bool, message: str, status: int | None = None) -> JSONResponse:

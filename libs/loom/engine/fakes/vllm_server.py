@@ -42,13 +42,13 @@ is kept for tests at ``GET /loom/received``, a route of the simulator's own.
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import itertools
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -68,10 +68,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.vllm import engine_rid
+from loom.engine.fakes.next_token import Sampling, Step, raw_logprob, raw_top, sample, seed_of
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
-from loom.engine.token_ids import ContextKeys, ids_key, synth_ids, synth_top_logprobs
+from loom.engine.token_ids import ContextKeys
 from loom.weights import GROUP, Incoming
 
 log = logging.getLogger(__name__)
@@ -260,9 +261,10 @@ class _Metrics:
 class _Refused(Exception):
     """A request vLLM would answer with an error (``ErrorResponse``)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
 
 
 # vLLM's CompletionRequest._DEFAULT_SAMPLING_PARAMS: what a field left out (None) falls back to when the model's
@@ -271,20 +273,44 @@ OPENAI_DEFAULTS: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 
                                      "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # fmt: skip
 
 
-class _SimServer:
-    def __init__(self, engine: SimEngine, generation_defaults: Mapping[str, float] | None = None) -> None:
-        self.engine = engine
-        # What --generation-config auto (vLLM's default) reads from the checkpoint's generation_config.json:
-        # every field a request leaves out takes it (ModelConfig.get_diff_sampling_param).
-        unknown = set(generation_defaults or {}) - set(OPENAI_DEFAULTS)
+@dataclass(frozen=True)
+class Options:
+    """How the simulated vLLM server was started, of vLLM's flags that change what a client sees."""
+
+    # What --generation-config auto (vLLM's default) reads from the checkpoint's generation_config.json: every
+    # field a request leaves out takes it (ModelConfig.get_diff_sampling_param).
+    generation_defaults: Mapping[str, float] = field(default_factory=dict)
+    # --logprobs-mode: "processed_logprobs" reports the distribution a token was drawn from, vLLM's default
+    # "raw_logprobs" the model's before temperature, penalties and truncation.
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "processed_logprobs"
+    max_model_len: int | None = None  # --max-model-len; None: the KV cache's size
+    # Seconds a completion spends being prepared (rendered, tokenized, its limits checked) before the engine
+    # registers it: an /abort_requests meanwhile finds nothing, as on vLLM.
+    prepare_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.generation_defaults) - set(OPENAI_DEFAULTS)
         if unknown:
             raise ValueError(f"generation defaults vLLM does not apply: {sorted(unknown)}")
-        self.generation_defaults = dict(generation_defaults or {})
+
+
+class _SimServer:
+    def __init__(self, engine: SimEngine, options: Options) -> None:
+        self.engine = engine
+        self.generation_defaults = dict(options.generation_defaults)
+        self.logprobs_mode = options.logprobs_mode
+        self.prepare_s = options.prepare_s
         self.served = engine.info.model
         self.model_path = engine.info.model  # model_config.model: the checkpoint loaded last
         self.next_path = self.model_path  # what update_config set for the next reload
         self.weight_version = INITIAL_WEIGHT_VERSION
         self.capacity = engine.info.kv_capacity_tokens
+        # vLLM refuses to start with a context that its KV cache cannot hold.
+        self.max_model_len = options.max_model_len or self.capacity
+        if self.max_model_len > self.capacity:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is larger than the KV cache's {self.capacity} tokens"
+            )
         self.keys = ContextKeys(self.capacity)
         self.metrics = _Metrics(self.served)
         self.received = Received()
@@ -305,16 +331,18 @@ class _SimServer:
         try:
             return JSONResponse(await self._complete(obj, request))
         except _Refused as e:
-            return _error(str(e), e.status)
+            return _error(str(e), e.status, e.param)
 
     async def _complete(self, obj: CompletionRequest, request: Request) -> dict[str, Any]:
         ids, max_tokens = self._check(obj)
         if self.refusing:
             raise _Refused("The engine is paused: retry after /resume.", 503)
-        rid = engine_rid(obj.request_id)
+        # A proxy's X-Request-Id header names the request in place of the body's (_base_request_id).
+        external = request.headers.get("X-Request-Id") or obj.request_id
+        rid = engine_rid(external)
         if rid in self.inflight:
-            raise _Refused(f"the simulator already runs request {obj.request_id!r}")
-        _keep(self.received.requests, obj.request_id)
+            raise _Refused(f"the simulator already runs request {external!r}")
+        _keep(self.received.requests, external)
         _keep(self.received.priorities, obj.priority)
         sampling = self.sampling(obj)
         _keep(self.received.sampling, sampling)
@@ -339,12 +367,15 @@ class _SimServer:
         self.idle.clear()
         try:
             out = await self._run(req, request)
-            output_ids = synth_ids(ids_key(ids), out.output_len)
-            stop = next((i for i, t in enumerate(output_ids) if t in stops), None)
+            # Off the event loop: a long output takes a while to draw.
+            steps = await asyncio.to_thread(
+                sample, ids, out.output_len, _sampling(sampling), seed_of(ids, rid), obj.logprobs or 0
+            )
+            stop = next((i for i, st in enumerate(steps) if st.token in stops), None)
             if stop is not None and out.finish_reason != "abort":
-                output_ids = output_ids[: stop + 1]
-                out.output_len, out.finish_reason = len(output_ids), "stop"
-            computed = ids + output_ids
+                steps = steps[: stop + 1]
+                out.output_len, out.finish_reason = len(steps), "stop"
+            computed = ids + [st.token for st in steps]
         except ValueError as e:  # the engine refuses it (larger than its KV cache)
             raise _Refused(str(e)) from e
         finally:
@@ -354,7 +385,7 @@ class _SimServer:
             if not scoring:
                 self.keys.release(key, computed)
         self.metrics.finished(len(ids), out)
-        return self._response(obj, ids, output_ids, out)
+        return self._response(obj, external, ids, steps, out)
 
     def _check(self, obj: CompletionRequest) -> tuple[list[int], int]:
         """The prompt's ids and the tokens to generate, or the error vLLM answers (and those of the
@@ -393,11 +424,25 @@ class _SimServer:
                 raise _Refused(f"Requested {name} logprobs of {k}, which is greater than max allowed: 20")
         if any(t < 0 for t in ids):
             raise _Refused("token ids must be non-negative")
-        if len(ids) + max_tokens > self.capacity:
+        # vLLM's TokenizeParams (renderers/params.py) and get_max_tokens (serve/utils/api_utils.py).
+        limit = self.max_model_len
+        if max_tokens > limit:
             raise _Refused(
-                f"This model's maximum context length is {self.capacity} tokens. However, you requested "
-                f"{len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in the completion)."
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer "
+                "output tokens.",
+                param="max_tokens",
             )
+        if len(ids) > limit:
+            raise _Refused(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
+                "reduce the length of the input prompt.",
+                param="input_tokens",
+            )
+        # Within the limit, an output that cannot fit is cut to what does: it ends with "length".
+        max_tokens = min(max_tokens, limit - len(ids))
+        if max_tokens < 1:
+            raise _Refused(f"max_tokens must be at least 1, got {max_tokens}.")
         return ids, max_tokens
 
     def sampling(self, obj: CompletionRequest) -> dict[str, float]:
@@ -412,12 +457,13 @@ class _SimServer:
         return out
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
-        # vLLM's with_cancellation aborts a request whose client went away, as this does.
-        return await generate_for(self.engine, req, request, DISCONNECT_POLL_S)
+        # vLLM's with_cancellation aborts a request whose client went away, as this does, prepared or not.
+        return await generate_for(self.engine, req, request, DISCONNECT_POLL_S, self.prepare_s)
 
     def _response(
-        self, obj: CompletionRequest, ids: list[int], output_ids: list[int], out: EngineOutput
+        self, obj: CompletionRequest, external: str, ids: list[int], steps: list[Step], out: EngineOutput
     ) -> dict[str, Any]:
+        output_ids = [st.token for st in steps]
         n = len(output_ids)
         choice: dict[str, Any] = {
             "index": 0,
@@ -431,8 +477,9 @@ class _SimServer:
             "weight_versions": None,
         }
         if obj.logprobs is not None:
-            lps = chain_logprobs(ids + output_ids, len(ids))
-            tops = synth_top_logprobs(ids_key(ids) + "/top", output_ids, lps, obj.logprobs) or [[]] * n
+            processed = self.logprobs_mode == "processed_logprobs"
+            lps = [st.processed if processed else st.raw for st in steps]
+            tops = [st.top_processed if processed else st.top_raw for st in steps]
             choice["logprobs"] = {
                 "text_offset": [0] * n,
                 "token_logprobs": lps,
@@ -450,7 +497,7 @@ class _SimServer:
             choice["weight_versions"] = [{"version": version, "start": 0, "end": n}] if n else []
         tokens_per_s = n / (out.prefill_s + out.decode_s) if n and out.prefill_s + out.decode_s > 0 else None
         return {
-            "id": f"cmpl-{obj.request_id}",
+            "id": f"cmpl-{external}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.served,
@@ -648,7 +695,7 @@ class _SimServer:
             "owned_by": "vllm",
             "root": self.model_path,
             "parent": None,
-            "max_model_len": self.capacity,
+            "max_model_len": self.max_model_len,
             "permission": [],
         }
         return JSONResponse({"object": "list", "data": [card]})
@@ -662,9 +709,9 @@ class _SimServer:
                 "model": self.model_path,
                 "served_model_name": self.served,
                 "runner": "generate",
-                "max_model_len": self.capacity,
+                "max_model_len": self.max_model_len,
                 "max_logprobs": MAX_LOGPROBS,
-                "logprobs_mode": "processed_logprobs",
+                "logprobs_mode": self.logprobs_mode,
             },
             "cache_config": {
                 "block_size": BLOCK_SIZE,
@@ -697,9 +744,9 @@ def sim_engine(model: str, gpu: str, tp: int, clock: Clock, max_running: int = 2
     return engine
 
 
-def build_app(engine: SimEngine, generation_defaults: Mapping[str, float] | None = None) -> FastAPI:
+def build_app(engine: SimEngine, options: Options | None = None) -> FastAPI:
     """vLLM's HTTP API over ``engine``, which the caller starts and closes."""
-    server = _SimServer(engine, generation_defaults)
+    server = _SimServer(engine, options or Options())
     app = FastAPI(title="Loom simulated engine (vLLM-compatible)")
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
@@ -736,35 +783,18 @@ def generation_defaults(path: str | Path) -> dict[str, float]:
     return {k: config[k] for k in OPENAI_DEFAULTS if config.get(k) is not None}
 
 
-async def serve(
-    host: str, port: int, model: str, gpu: str, tp: int, speed: float, generation_config: str | None = None
-) -> None:
+async def serve(host: str, port: int, model: str, gpu: str, tp: int, speed: float, options: Options) -> None:
     """Run the simulated engine behind vLLM's API until SIGTERM or SIGINT; port 0 picks a free port."""
     engine = sim_engine(model, gpu, tp, Clock(speed))
-    defaults = generation_defaults(generation_config) if generation_config else None
-    await serve_engine(engine, build_app(engine, defaults), host, port, "vLLM", speed)
-
-
-def chain_logprobs(ids: Sequence[int], start: int) -> list[float]:
-    """Placeholder log-probs of ``ids[i]`` given ``ids[:i]``, for i from ``start`` on: each the log of a
-    uniform draw in (0, 1] from a hash chained over the ids up to it, so it depends on the token and its whole
-    context, and one context scores the same however it was split into prompt and output."""
-    out: list[float] = []
-    digest = b""
-    for i, t in enumerate(ids):
-        digest = hashlib.blake2b(digest + t.to_bytes(4, "little"), digest_size=16).digest()
-        if i >= start:
-            out.append(math.log((int.from_bytes(digest[:4], "little") + 1) / 2**32))
-    return out
+    await serve_engine(engine, build_app(engine, options), host, port, "vLLM", speed)
 
 
 def prompt_logprobs(ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | None]:
     """vLLM's ``prompt_logprobs``: null for the first position, then per position the prompt's token and the
     top ``k`` as {token id: {logprob, rank, decoded_token}}."""
-    lps = chain_logprobs(ids, 1)
-    tops = synth_top_logprobs(ids_key(ids) + "/prompt", ids[1:], lps, k) or [[]] * len(lps)
     table: list[dict[str, dict[str, Any]] | None] = [None]
-    for t, lp, row in zip(ids[1:], lps, tops, strict=True):
+    for prev, t in itertools.pairwise(ids):
+        lp, row = raw_logprob(prev, t), raw_top(prev, k)
         ranked = {a: r for r, (a, _) in enumerate(row, 1)}
         entry = {str(t): {"logprob": lp, "rank": ranked.get(t, k + 1), "decoded_token": None}}
         for a, alp in row:
@@ -773,19 +803,31 @@ def prompt_logprobs(ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | 
     return table
 
 
+def _sampling(f: Mapping[str, float]) -> Sampling:
+    return Sampling(
+        temperature=f["temperature"],
+        top_p=f["top_p"],
+        top_k=int(f["top_k"]),
+        min_p=f["min_p"],
+        repetition_penalty=f["repetition_penalty"],
+        presence_penalty=f["presence_penalty"],
+        frequency_penalty=f["frequency_penalty"],
+    )
+
+
 def _keep(record: list[Any], *items: Any) -> None:
     record.extend(items)
     del record[:-RECEIVED_KEPT]
 
 
-def _error(message: str, status: int) -> JSONResponse:
+def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
     """vLLM's ErrorResponse (entrypoints/serve/engine/protocol.py), with its type names for the status."""
     kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
     body = {
         "error": {
             "message": message,
             "type": kinds.get(status, "InternalServerError"),
-            "param": None,
+            "param": param,
             "code": status,
         }
     }
