@@ -11,6 +11,7 @@ from prometheus_client import Counter, Histogram
 from loom.clock import Clock
 from loom.protocol import GenRequest, GenResult, SamplingParams, Step, Trajectory, TrajStatus, TrajWork
 from loom.runtime.genclient import GenClient
+from loom.runtime.workers import ContextLimits
 
 
 class TrajectoryAborted(Exception):
@@ -31,6 +32,18 @@ class LoopContext:
     gen: GenClient
     predict_timeout_s: float
     metrics: EnvMetrics | None = None
+    limits: ContextLimits | None = None  # the fleet's context limit per model; None: unbounded
+
+
+# A trajectory whose context has no room left for one more token under the engines' limit ends with this.
+CONTEXT_FULL = "max_context"
+
+
+async def context_room(ctx: LoopContext, work: TrajWork, context_len: int) -> int | None:
+    """Tokens the next call of a trajectory whose context is ``context_len`` long may generate within the
+    engines' context limit (both vLLM and SGLang refuse a prompt that leaves no room), None when unbounded."""
+    limit = await ctx.limits.of(work.model) if ctx.limits is not None else None
+    return None if limit is None else limit - context_len
 
 
 def trajectory(

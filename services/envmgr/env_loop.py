@@ -23,7 +23,7 @@ from loom.protocol import Step, Trajectory, TrajWork
 from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
 from loom.text.tokenizer import qwen_tokenizer
-from services.envmgr.context import LoopContext, call_model, trajectory
+from services.envmgr.context import CONTEXT_FULL, LoopContext, call_model, context_room, trajectory
 from services.envmgr.prediction import await_prediction, predict
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,14 @@ async def _episode(
         if budget <= 0:
             return steps, "max_tokens"
         scripted = tok.encode(script[k], disallowed_special=()) if script is not None else None
+        whole = scripted
         want = len(scripted) if scripted is not None else min(budget, work.max_turn_tokens or budget)
+        room = await context_room(ctx, work, len(ids))
+        if room is not None:
+            if room < 1:
+                return steps, CONTEXT_FULL
+            want = min(want, room)
+            scripted = scripted[:room] if scripted is not None else None  # cut as the budget cuts it below
         # A scripted reply is forced: the engine scores it as its output (its log-probs under the model).
         mc = await call_model(ctx, work, k, len(ids), min(want, budget), priority, ids, forced_ids=scripted)
         res = mc.res
@@ -124,7 +131,7 @@ async def _episode(
         if script is not None and scripted is not None:
             # Cut where the engine stopped (the token budget), as a real model's output would be.
             out_ids = scripted[: res.output_len]
-            text = script[k] if res.output_len >= want else tok.decode(out_ids)
+            text = script[k] if out_ids == whole else tok.decode(out_ids)
         elif res.output_ids is not None:
             out_ids = res.output_ids
             text = transcript.action_text(out_ids)

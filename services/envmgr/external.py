@@ -43,7 +43,14 @@ from loom.protocol import Prediction, Sibling, Step, Trajectory, TrajWork, decod
 from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
 from loom.runtime.genclient import GenFailed
 from loom.text import chat, openai_api
-from services.envmgr.context import LoopContext, ModelCall, TrajectoryAborted, call_model, trajectory
+from services.envmgr.context import (
+    LoopContext,
+    ModelCall,
+    TrajectoryAborted,
+    call_model,
+    context_room,
+    trajectory,
+)
 from services.envmgr.prediction import await_prediction, predict
 
 log = logging.getLogger(__name__)
@@ -332,6 +339,16 @@ class Session:
         rebased: bool,
         choice: int | None = None,
     ) -> _Turn:
+        # As vLLM answers past its max_model_len: no room is a refused call, too little cuts the reply.
+        room = await context_room(self.ctx, self.work, len(context))
+        if room is not None:
+            if room < 1:
+                raise CallError(
+                    400,
+                    f"the conversation is {len(context)} tokens, at or past the model's maximum context length "
+                    f"of {len(context) + room} tokens",
+                )
+            want = min(want, room)
         now = self.ctx.clock.now()
         prev = self.pending
         k = len(self.steps) + (prev is not None)

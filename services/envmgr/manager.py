@@ -43,6 +43,7 @@ from loom.runtime import results
 from loom.runtime.bus import kv_key
 from loom.runtime.genclient import GenClient
 from loom.runtime.service import Runtime
+from loom.runtime.workers import ContextLimits
 from loom.runtime.workqueue import WorkQueueConsumer
 from loom.sandbox.settings import OnDemandSandboxes
 from services.envmgr.context import EnvMetrics, LoopContext, TrajectoryAborted, trajectory
@@ -145,6 +146,7 @@ class EnvManager:
             gen=GenClient(rt.nc, lease_s=self.settings.lease_s, give_up_s=self.settings.gen_give_up_s),
             predict_timeout_s=self.settings.predict_timeout_s,
             metrics=self.env_metrics,
+            limits=ContextLimits(rt.js),
         )
         self.groups = GroupLedger(await rt.js.key_value(subjects.KV_GROUPS))
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)

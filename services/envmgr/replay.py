@@ -8,7 +8,7 @@ from loom.data.traces import load_traces
 from loom.envs.replay import ReplayEnv
 from loom.predict import context as predict_context
 from loom.protocol import Step, Trajectory, TrajWork
-from services.envmgr.context import LoopContext, call_model, trajectory
+from services.envmgr.context import CONTEXT_FULL, LoopContext, call_model, context_room, trajectory
 from services.envmgr.prediction import await_prediction, predict
 
 
@@ -24,8 +24,15 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
     steps: list[Step] = []
     generated = 0
     priority = 0.0
+    finish = None
     for k, call in enumerate(calls):
-        mc = await call_model(ctx, work, k, call.input_len, call.max_new_tokens, priority)
+        # A traced context past the engines' limit is cut there, as a live one would be.
+        room = await context_room(ctx, work, call.input_len)
+        if room is not None and room < 1:
+            finish = CONTEXT_FULL
+            break
+        want = call.max_new_tokens if room is None else min(call.max_new_tokens, room)
+        mc = await call_model(ctx, work, k, call.input_len, want, priority)
         generated += mc.res.output_len
         tool_s = 0.0
         if not call.last:
@@ -41,7 +48,7 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
     return trajectory(
         work,
         "completed",
-        env.finish_reason(len(calls)),
+        finish or env.finish_reason(len(calls)),
         steps,
         started,
         ctx.clock.now(),

@@ -35,7 +35,7 @@ from loom.sandbox import SandboxError
 from loom.sandbox.pool import SandboxPool
 from loom.text import chat
 from loom.text.tokenizer import IM_END
-from services.envmgr.context import LoopContext, call_model, trajectory
+from services.envmgr.context import CONTEXT_FULL, LoopContext, call_model, context_room, trajectory
 from services.envmgr.env_loop import with_retries
 from services.envmgr.prediction import await_prediction, predict
 
@@ -178,11 +178,16 @@ async def _episode(
         if budget <= 0:
             return steps, "max_tokens", rewards, info
         want = min(budget, work.max_turn_tokens or budget)
+        room = await context_room(ctx, work, len(ids))
+        if room is not None:
+            if room < 1:
+                return steps, CONTEXT_FULL, rewards, info
+            want = min(want, room)
         forced = await _scripted_reply(work, env, k) if work.scripted else None
         if forced is not None:
-            want = min(
-                want, len(forced)
-            )  # the engine generates (the simulator: charges) the reply's tokens only
+            # The engine generates (the simulator: charges) the reply's tokens only, as many as fit.
+            forced = forced[:want]
+            want = len(forced)
         mc = await call_model(ctx, work, k, len(ids), want, priority, ids, forced_ids=forced)
         out_ids = mc.res.output_ids
         if out_ids is None:

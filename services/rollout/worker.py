@@ -85,6 +85,7 @@ class RolloutWorker:
             tp=e.tp,
             max_running=e.max_running,
             kv_capacity_tokens=e.kv_capacity_tokens,
+            max_context_tokens=e.max_context_tokens,
             started_at=self.started_at,
             heartbeat_at=time.time(),
         )

@@ -39,7 +39,14 @@ from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerInfo, read_workers
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import SpecError, expand, resolve_tasks, samples_per_group, work_subject
+from services.scheduler.tasks import (
+    SpecError,
+    check_context,
+    expand,
+    resolve_tasks,
+    samples_per_group,
+    work_subject,
+)
 
 T = TypeVar("T")
 
@@ -128,6 +135,7 @@ class JobManager:
         """Validate and store the job; its placement and dispatch run in the background (or wait, pending,
         for workers), so a large job never holds up other requests."""
         tasks = resolve_tasks(spec, self.settings.traces_path)  # raises SpecError
+        check_context(spec, (await read_workers(self.rt.js)).values())
         spec = msgspec.structs.replace(spec, tasks=tasks)
         n = len(tasks) * samples_per_group(spec)
         if n > self.settings.max_job_trajectories:

@@ -58,7 +58,14 @@ from loom.runtime.bus import kv_keys, request, through_failover
 from loom.runtime.service import Runtime
 from loom.runtime.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.tasks import SpecError, group_works, resolve_tasks, samples_per_group, work_subject
+from services.scheduler.tasks import (
+    SpecError,
+    check_context,
+    group_works,
+    resolve_tasks,
+    samples_per_group,
+    work_subject,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +201,7 @@ class StreamManager:
             # Sessions belong to jobs (GET /v1/jobs/{id}/sessions); a stream's would have no one to drive them.
             raise SpecError(["env"], "an external agent drives a job's sessions, not a rollout stream's")
         tasks = resolve_tasks(job_spec, self.settings.traces_path)  # raises SpecError
+        check_context(job_spec, (await read_workers(self.rt.js)).values())
         # The record holds every open group and the work queue every sample of them: both stay bounded.
         in_flight = _bound(spec)
         if spec.buffer_groups > MAX_OPEN_GROUPS or in_flight > self.settings.max_job_trajectories:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from loom.data.traces import Trace, TraceError, load_traces
 from loom.envs import registry, tasksets
@@ -11,6 +11,7 @@ from loom.envs.replay import SIBLINGS
 from loom.identity import allowlist
 from loom.protocol import DatasetRef, JobSpec, TaskSpec, TrajWork, subjects
 from loom.protocol.messages import BUILTIN_REWARDS
+from loom.runtime.workers import WorkerInfo, context_limit
 
 
 class SpecError(ValueError):
@@ -20,6 +21,22 @@ class SpecError(ValueError):
         super().__init__(msg)
         self.loc = loc
         self.msg = msg
+
+
+def check_context(spec: JobSpec, workers: Iterable[WorkerInfo]) -> None:
+    """SpecError when the job's token budget or one call's is past the context every live worker serving its
+    model takes (vLLM's max_model_len, SGLang's context length): a trajectory's context holds all it generated,
+    so such a budget can never be spent. Nothing is checked while no worker says."""
+    limit = context_limit(workers, spec.model)
+    if limit is None:
+        return
+    for field, value in (("max_tokens", spec.max_tokens), ("max_turn_tokens", spec.max_turn_tokens)):
+        if value is not None and value > limit:
+            raise SpecError(
+                [field],
+                f"{field} is {value}, past the {limit}-token context of the workers serving {spec.model} (prompt "
+                f"included): give at most {limit}",
+            )
 
 
 def work_subject(job_id: str, env: str) -> str:

@@ -25,6 +25,7 @@ from tests.e2e.conftest import LOOM, LoomUp, start_loom_up
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPEED = "50"
+CONTEXT = "40960"
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -43,7 +44,19 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("vllm") / "sim-server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [LOOM, "sim-server", "--api", "vllm", "--port", str(port), "--speed", SPEED],
+            # Qwen3-8B's own context length, far below the KV cache's as on a real server.
+            [
+                LOOM,
+                "sim-server",
+                "--api",
+                "vllm",
+                "--port",
+                str(port),
+                "--speed",
+                SPEED,
+                "--max-model-len",
+                CONTEXT,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -167,3 +180,32 @@ def test_scripted_replies_are_scored_by_vllm(loom_vllm: LoomUp, vllm_url: str, t
         assert step["output_ids"] and len(step["output_logprobs"]) == len(step["output_ids"]), step
         assert all(lp <= 0 for lp in step["output_logprobs"])
     assert _received(vllm_url)["scored"] == scored + 4
+
+
+def test_the_context_limit_refuses_a_budget_and_ends_a_trajectory(
+    loom_vllm: LoomUp, vllm_url: str, tmp_path: Path
+) -> None:
+    """Loom reads vLLM's max_model_len: a job whose budget cannot fit is refused at submission, and a trajectory
+    whose context fills up ends with its own reason rather than a call vLLM refuses."""
+    api = httpx.Client(base_url=loom_vllm.api, headers=loom_vllm.auth, timeout=60)
+    refused = api.post("/v1/jobs", json={"env": "coin", "dataset": {"limit": 1}, "max_tokens": 50_000})
+    assert refused.status_code == 422, refused.text
+    (detail,) = refused.json()["detail"]
+    assert detail["loc"] == ["body", "max_tokens"] and "40960-token context" in detail["msg"], detail
+    # The simulator's replies are no valid move, so the game goes on: 15,000 tokens a turn fill the context.
+    spec = {
+        "env": "coin",
+        "dataset": {"limit": 1},
+        "group_size": 2,
+        "max_turns": 10,
+        "max_turn_tokens": 15_000,
+    }
+    job_id = loom_vllm.submit(tmp_path, spec)
+    job = loom_vllm.wait_job(job_id, timeout=180)
+    assert job["state"] == "completed" and job["completed"] == 2, job
+    for t in loom_vllm.results(tmp_path, job_id):
+        assert t["finish_reason"] == "max_context", t["finish_reason"]
+        context = t["steps"][-1]["prompt_len"] + t["steps"][-1]["output_len"]
+        assert int(CONTEXT) - 100 < context <= int(CONTEXT), [
+            (s["prompt_len"], s["output_len"]) for s in t["steps"]
+        ]

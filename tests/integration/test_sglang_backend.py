@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from loom.clock import Clock
 from loom.engine.base import EngineRequest
 from loom.engine.clients.sglang import SGLangEngine, SGLangError, WeightUpdateError
-from loom.engine.fakes.sglang_server import build_app
+from loom.engine.fakes.sglang_server import Options, build_app
 from loom.engine.sim.engine import SimEngine
 from loom.runtime.service import Runtime
 from loom.weights import Incoming
@@ -333,6 +333,25 @@ async def test_load_figures_move(backend: tuple[SimServer, SGLangEngine]) -> Non
     await until(
         lambda: client.load().running == 0 and client.load().generated_tokens == generated > 0, poll_s=0.01
     )
+
+
+async def test_the_context_length_is_read_and_enforced_as_sglang_does() -> None:
+    engine = SimEngine(model=MODEL, clock=Clock(SPEED))
+    app = build_app(engine, Options(context_length=4096))
+    async with (
+        sim_servers.SimServer(engine, app) as server,
+        started(SGLangEngine(server.url, model=MODEL)) as client,
+    ):
+        assert client.info.max_context_tokens == 4096
+        # SGLang refuses an explicit output that cannot fit, where vLLM cuts it: Loom never asks for one.
+        with pytest.raises(
+            ValueError, match="Requested token count exceeds the model's maximum context length"
+        ):
+            await client.generate(_req("c.0", n=1000, input_len=3500))
+        with pytest.raises(ValueError, match=r"The input \(4096 tokens\) is longer than the model's context"):
+            await client.generate(_req("c.1", n=10, input_len=4096))
+        out = await client.generate(_req("c.2", n=596, input_len=3500))
+        assert (out.output_len, out.finish_reason) == (596, "length")
 
 
 # The HTTP API itself

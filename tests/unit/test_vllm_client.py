@@ -348,6 +348,21 @@ async def test_forced_ids_are_scored_as_the_model_sampled_them(backend: tuple[Si
     assert (none.output_ids, none.output_logprobs, none.finish_reason) == ([], [], "length")
 
 
+async def test_the_context_limit_is_read_and_enforced_as_vllm_does() -> None:
+    async with (
+        SimServer(options=Options(max_model_len=4096)) as server,
+        started(VLLMEngine(server.url, model=MODEL, poll_s=0.05)) as client,
+    ):
+        assert client.info.max_context_tokens == 4096 and client.info.kv_capacity_tokens > 4096
+        # Within the limit an output that cannot fit is cut to what does.
+        out = await client.generate(_req("c.0", n=1000, input_len=3500))
+        assert (out.output_len, out.finish_reason) == (596, "length")
+        with pytest.raises(ValueError, match="your prompt contains 4097 input tokens"):
+            await client.generate(_req("c.1", n=10, input_len=4097))
+        with pytest.raises(ValueError, match="max_tokens=5000 cannot be greater than max_model_len=4096"):
+            await client.generate(_req("c.2", n=5000, input_len=10))
+
+
 async def test_an_oversized_request_is_a_bad_request(backend: tuple[SimServer, VLLMEngine]) -> None:
     server, client = backend
     too_big = client.info.kv_capacity_tokens + 1

@@ -18,6 +18,8 @@ class EngineInfo:
     tp: int
     max_running: int
     kv_capacity_tokens: int
+    # The longest context (prompt and output) one request may have; 0: bounded by the KV cache only.
+    max_context_tokens: int = 0
 
 
 @dataclass

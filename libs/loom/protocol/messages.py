@@ -437,6 +437,8 @@ class WorkerInfo(Struct):
     kv_capacity_tokens: NonNeg
     started_at: float
     heartbeat_at: float
+    # The longest context one request may have (vLLM's max_model_len, SGLang's context length); 0: unbounded.
+    max_context_tokens: NonNeg = 0
 
 
 class WorkerLoad(Struct):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections.abc import Iterable
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -61,6 +63,31 @@ async def _read_all(js: JetStreamContext) -> dict[str, WorkerInfo]:
     keys = await kv_keys(js, subjects.KV_WORKERS)
     found = await asyncio.gather(*(_read(js, PREFIX + k) for k in keys))
     return {k: w for k, w in zip(keys, found, strict=True) if w is not None}
+
+
+def context_limit(workers: Iterable[WorkerInfo], model: str) -> int | None:
+    """The longest context every given worker serving ``model`` takes; None when none of them bounds it."""
+    limits = [w.max_context_tokens for w in workers if w.model == model and w.max_context_tokens]
+    return min(limits) if limits else None
+
+
+class ContextLimits:
+    """The live fleet's context limit per model (``context_limit``), read from the workers' bucket at most
+    every ``ttl_s``: a trajectory loop asks before every call."""
+
+    def __init__(self, js: JetStreamContext, ttl_s: float = 5.0) -> None:
+        self.js = js
+        self.ttl_s = ttl_s
+        self._workers: list[WorkerInfo] = []
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def of(self, model: str) -> int | None:
+        async with self._lock:
+            if time.monotonic() - self._read_at > self.ttl_s:
+                self._workers = list((await read_workers(self.js)).values())
+                self._read_at = time.monotonic()
+        return context_limit(self._workers, model)
 
 
 async def read_workers(

@@ -33,6 +33,19 @@ RELAY_HOST = "127.0.0.1"
 RELAY_TIMEOUT_S = 600.0
 
 
+def max_model_len(url: str, models: Any) -> int:
+    """The longest context a server takes, from its ``GET /v1/models`` (vLLM's and SGLang's cards carry it as
+    ``max_model_len``); 0 when it gives none."""
+    cards = models.get("data") if isinstance(models, dict) else None
+    value = cards[0].get("max_model_len") if cards and isinstance(cards[0], dict) else None
+    if value is None:
+        log.warning("%s/v1/models gives no max_model_len: Loom cannot keep contexts within it", url)
+        return 0
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{url}/v1/models: max_model_len must be a positive integer, got {value!r}")
+    return value
+
+
 class HTTPEngine:
     # The server's name in messages, the ``EngineInfo.kind`` the worker reports, and what its failures raise.
     server: ClassVar[str]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections import defaultdict
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.clients.http import BROADCAST, HTTPEngine
+from loom.engine.clients.http import BROADCAST, HTTPEngine, max_model_len
 from loom.engine.token_ids import ContextIds
 from loom.protocol import WeightsRef
 from loom.weights import GROUP
@@ -87,6 +88,9 @@ class SGLangEngine(HTTPEngine):
         model = await self._json("GET", "/get_model_info")
         server = await self._json("GET", "/get_server_info")
         self._configure(model, server)
+        # The context length SGLang serves (--context-length, else the model's): /v1/models' max_model_len.
+        limit = max_model_len(self.url, await self._json("GET", "/v1/models"))
+        self.info = dataclasses.replace(self.info, max_context_tokens=limit)
 
     async def _abort_inflight(self) -> None:
         for rid in list(self._inflight):

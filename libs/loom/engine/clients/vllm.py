@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
-from loom.engine.clients.http import BROADCAST, HTTPEngine
+from loom.engine.clients.http import BROADCAST, HTTPEngine, max_model_len
 from loom.engine.token_ids import ContextIds
 from loom.protocol import WeightsRef
 
@@ -404,6 +404,7 @@ class VLLMEngine(HTTPEngine):
             tp=int(parallel.get("tensor_parallel_size") or 1),
             max_running=int(scheduler.get("max_num_seqs") or 0),
             kv_capacity_tokens=capacity,
+            max_context_tokens=max_model_len(self.url, models),
         )
         self._contexts = ContextIds(capacity, self.vocab)
 
