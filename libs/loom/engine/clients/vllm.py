@@ -71,7 +71,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.clients.http import BROADCAST, HTTPEngine, max_model_len
-from loom.engine.token_ids import ContextIds
+from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
 from loom.protocol import WeightsRef
 
 if TYPE_CHECKING:
@@ -125,6 +125,21 @@ class VLLMEngine(HTTPEngine):
     weight_formats = ("vllm", "per_tensor")
     # The name vLLM serves the model by, which every completion names (read from /v1/models at start).
     served_model = ""
+    # How long an aborted request may keep running before its connection is closed: /abort_requests finds only
+    # a request the engine has registered, not one still being prepared nor one a proxy renamed (X-Request-Id).
+    abort_grace_s = 2.0
+
+    def __init__(
+        self,
+        url: str,
+        model: str = "qwen3-8b",
+        gpu: str = "h100",
+        poll_s: float = 0.5,
+        vocab: int = QWEN3_ORDINARY,
+    ) -> None:
+        super().__init__(url, model, gpu, poll_s, vocab)
+        self._posts: dict[str, asyncio.Task[Any]] = {}  # each completion's call, by Loom's request id
+        self._cut: set[str] = set()  # requests whose connection abort() closed
 
     async def _handshake(self) -> None:
         models = await self._json("GET", "/v1/models")
@@ -158,7 +173,23 @@ class VLLMEngine(HTTPEngine):
         if rid not in self._inflight:
             return False
         await self._abort_wire([rid])
+        post = self._posts.get(rid)
+        if post is not None:
+            asyncio.get_running_loop().call_later(self.abort_grace_s, self._cut_off, rid, post)
         return True
+
+    def _cut_off(self, rid: str, post: asyncio.Task[Any]) -> None:
+        """Close an aborted request's connection if it still runs: vLLM cancels a request whose client went away,
+        however far it got (with_cancellation), and answers nothing, so its output is lost."""
+        if self._posts.get(rid) is post and not post.done():
+            log.info(
+                "%s: request %s outlived its abort by %gs: closing its connection",
+                self.url,
+                rid,
+                self.abort_grace_s,
+            )
+            self._cut.add(rid)
+            post.cancel()
 
     async def commit_weights(self, version: str) -> None:
         path = self._prepared(version)
@@ -318,9 +349,15 @@ class VLLMEngine(HTTPEngine):
 
     async def _complete(self, rid: str, body: dict[str, Any]) -> dict[str, Any]:
         self._inflight.add(rid)
+        post = asyncio.create_task(self._json("POST", "/v1/completions", body), name=f"vllm-{rid}")
+        self._posts[rid] = post
         try:
-            answer = await self._json("POST", "/v1/completions", body)
+            answer = await post
         except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if rid in self._cut and me is not None and not me.cancelling():
+                # Cut off by abort(): an aborted request with nothing to show.
+                return {"choices": [{"index": 0, "finish_reason": "abort", "token_ids": []}]}
             # vLLM also aborts a request whose connection closes, but only once it notices the disconnect.
             with contextlib.suppress(VLLMError, ValueError, TimeoutError):
                 async with asyncio.timeout(5):
@@ -328,6 +365,9 @@ class VLLMEngine(HTTPEngine):
             raise
         finally:
             self._inflight.discard(rid)
+            self._cut.discard(rid)
+            if self._posts.get(rid) is post:
+                del self._posts[rid]
         if not isinstance(answer, dict):
             raise VLLMError(f"{self.url}/v1/completions: not a completion: {str(answer)[:200]}")
         return answer
