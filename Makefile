@@ -25,15 +25,15 @@ GEM_DEPS := gem-llm==0.1.0 datasets==5.2.0 pylatexenc==2.11
 
 .PHONY: install test lint unit demo up clean
 
-$(STAMP): pyproject.toml examples/loom-guess/pyproject.toml
+$(STAMP): pyproject.toml examples/loom-guess/pyproject.toml examples/vf-calc/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	echo 'torch==2.13.0' > $(PIN)
-	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl,reasoning_gym,skyrl_gym,textarena]'
+	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl,reasoning_gym,skyrl_gym,textarena,verifiers]'
 	$(PY) -m pip install -q -c $(PIN) --no-deps $(VERL_NODEPS)
 	$(PY) -m pip install -q -c $(PIN) $(VERL_DEPS)
 	# The example environments, installed as an operator installs a user's package (tests run jobs on them).
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess -e examples/vf-calc
 	touch $(STAMP)
 
 $(GEM_STAMP): pyproject.toml | $(STAMP)

@@ -21,7 +21,9 @@ from loom.settings import LoomSettings, default_shared_dir
 
 SHARED = default_shared_dir()
 # The only user code the tests' services may import (loom.identity.allowlist); subprocesses inherit it.
-os.environ.setdefault(CODE_ALLOW_ENV, "tests.integration.reward_fns,tests.integration.user_envs,loom_guess")
+os.environ.setdefault(
+    CODE_ALLOW_ENV, "tests.integration.reward_fns,tests.integration.user_envs,loom_guess,vf_calc,vf_missing"
+)
 # The admin token of schedulers the tests start in-process, and the header that presents it.
 API_TOKEN = "test-admin-token-0123456789abcdef"
 AUTH = header(API_TOKEN)

@@ -139,7 +139,7 @@ class Session:
     async def on_msg(self, msg: Msg) -> None:
         self.busy = True
         try:
-            reply = await self._answer(msg.data)
+            reply = await self.answer(msg.data)
         except asyncio.CancelledError:
             # The trajectory ended under this call (its job was cancelled): say so rather than leave it hanging.
             with contextlib.suppress(Exception):
@@ -151,13 +151,14 @@ class Session:
         with contextlib.suppress(Exception):  # the gateway may have given up; the session goes on
             await msg.respond(encode(reply))
 
-    async def _answer(self, data: bytes) -> SessionReply:
+    async def answer(self, data: bytes) -> SessionReply:
+        """A call, encoded as it travels on the bus, answered as the gateway passes it on."""
         if self.ended.is_set():
             return SessionReply(409, openai_api.error(409, "this session has ended"))
         try:
             call = decode(data, SessionCall)
             if call.kind == "finish":
-                return self._finish(call.reward)
+                return self.finish(call.reward)
             if call.kind == "chat" and call.chat is not None:
                 return SessionReply(200, await self._chat(call.chat))
             if call.kind == "completion" and call.completion is not None:
@@ -180,7 +181,7 @@ class Session:
         self.failure = e
         self.ended.set()
 
-    def _finish(self, reward: float | None) -> SessionReply:
+    def finish(self, reward: float | None) -> SessionReply:
         if reward is None and self.work.reward == "env":
             raise CallError(400, "reward: this job names no reward function to score the session; give one")
         self.cancel_prediction()

@@ -248,6 +248,10 @@ class EnvManager:
                 return await run_replay(w, self.ctx)
             if loop == "external":
                 return await run_external(w, self.ctx)
+            if loop == "verifiers":
+                from services.envmgr import verifiers_loop  # verifiers and openai are optional
+
+                return await verifiers_loop.run_verifiers(w, self.ctx)
             if loop == "user":
                 # A library's environment class, or a user's by import path (a first import runs its top level).
                 cls = await asyncio.to_thread(registry.user_class, w.env, env_class)

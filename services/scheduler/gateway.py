@@ -23,15 +23,22 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from loom.identity.auth import Principal, Tokens
-from loom.protocol import Job, decode, encode, from_json, subjects, to_builtins
-from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest, SessionCall, SessionReply
+from loom.protocol import Job, decode, encode, subjects, to_builtins
+from loom.protocol.sessions import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    FinishRequest,
+    SessionCall,
+    SessionReply,
+    read_request,
+)
 from loom.runtime.service import Runtime
 from loom.text import openai_api
 from services.scheduler.jobs import JobManager
@@ -123,14 +130,9 @@ def add_gateway_routes(
 
     def read(raw: bytes, typ: type[Any]) -> Any:
         try:
-            return from_json(raw or b"{}", typ, lax=True)
-        except msgspec.ValidationError as e:
-            where = str(e).rsplit(" - at `$.", 1)
-            return _error(
-                400, str(e).split(" - at `", 1)[0], where[1].rstrip("`") if len(where) == 2 else None
-            )
-        except (msgspec.DecodeError, RecursionError) as e:
-            return _error(400, f"invalid JSON: {e}")
+            return read_request(raw, typ)
+        except BadRequest as e:
+            return _error(400, str(e), e.param)
 
     @app.get("/v1/jobs/{job_id}/sessions", responses=answers(404, 409))
     async def list_sessions(request: Request, job_id: str) -> JSONResponse:

@@ -158,7 +158,7 @@ def _library_tasks(spec: JobSpec) -> list[TaskSpec]:
         specs = registry.task_specs(spec.env, None, None, ids, spec.env_params)
     except SpecError:
         raise
-    except (LibraryMissing, UnknownName) as e:
+    except (LibraryMissing, UnknownName, allowlist.NotAllowed) as e:
         raise SpecError(["env"], str(e)) from e
     except BadParams as e:
         raise SpecError(["env_params"], str(e)) from e

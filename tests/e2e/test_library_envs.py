@@ -8,6 +8,7 @@ shows that the library's reward reaches the trajectory."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -212,3 +213,97 @@ def test_gem_gsm8k_uses_gems_python_tool_in_a_docker_sandbox(
         assert "Return your final answer within \\boxed{}." in first
     for t in _gem_trajectories(loom_up, tmp_path, free, 4):
         assert t["reward"] <= 0.0 or "<python>" in "".join(s["action"] for s in t["steps"])
+
+
+# ---------------------------------------------------------------- verifiers (loom.envs.adapters.verifiers)
+
+VF_ENV = "vf-calc"  # examples/vf-calc: a verifiers ToolEnv, installed and allowed as an operator would
+
+
+def _vf_client(base_url: str, api_key: str) -> Any:
+    import verifiers as vf
+    from openai import AsyncOpenAI
+
+    return vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0))
+
+
+def test_a_verifiers_environment_runs_unchanged_through_the_gateway(loom_up: LoomUp) -> None:
+    """verifiers' own rollout code, with its own OpenAI client pointed at each session of an external job, as at
+    a vLLM server: the token ids and log-probs verifiers records are those of Loom's trajectory, and the
+    environment's rubric scores the reward the session finishes with."""
+    vf = pytest.importorskip("verifiers")
+    env = vf.load_environment(VF_ENV)
+    rows = [dict(env.dataset[i]) for i in range(4)]
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth, timeout=60)
+    tasks = [
+        {"id": str(r["example_id"]), "data": {"prompt": r["prompt"], "answer": r["answer"]}} for r in rows
+    ]
+    spec = {"env": "external", "tasks": tasks, "group_size": 2, "max_turn_tokens": 24}
+    job = api.post("/v1/jobs", json=spec)
+    assert job.status_code == 201, job.text
+    job_id = job.json()["id"]
+    sessions = api.get(f"/v1/jobs/{job_id}/sessions").json()["sessions"]
+
+    async def play(s: dict[str, Any]) -> dict[str, Any]:
+        data = s["task"]["data"]
+        record = {"prompt": data["prompt"], "answer": data["answer"], "example_id": int(s["task"]["id"])}
+        sampling = {"logprobs": True, "extra_body": {"return_token_ids": True}}
+        state = await env.rollout(record, _vf_client(s["base_url"], s["api_key"]), "qwen3-8b", sampling)
+        await env.rubric.score_rollout(state)
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {s['api_key']}"}) as http:
+            done = await http.post(s["base_url"] + "/finish", json={"reward": state["reward"]})
+        assert done.status_code == 200, done.text
+        return {"traj_id": s["traj_id"], "state": state}
+
+    async def play_all() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(play(s) for s in sessions))
+
+    played = asyncio.run(play_all())
+    assert loom_up.wait_job(job_id, timeout=120)["completed"] == 8
+    trajs = {t["traj_id"]: t for t in api.get(f"/v1/jobs/{job_id}/trajectories").json()["items"]}
+    for p in played:
+        t, state = trajs[p["traj_id"]], p["state"]
+        assert t["reward"] == pytest.approx(state["reward"])
+        _every_step_has_ids_and_logprobs(t)
+        # verifiers recorded each call's tokens from Loom's replies: the ids and log-probs of Loom's steps.
+        assert len(state["trajectory"]) == len(t["steps"])
+        for vf_step, step in zip(state["trajectory"], t["steps"], strict=True):
+            tokens = vf_step["tokens"]
+            assert tokens["completion_ids"] == step["output_ids"]
+            assert tokens["completion_logprobs"] == pytest.approx(step["output_logprobs"])
+        assert '"name": "add"' in chat.decode(t["steps"][0]["prompt_ids"])  # the tools, in Qwen3's template
+
+
+def test_a_verifiers_job_runs_the_environment_in_loom(loom_up: LoomUp, tmp_path: Path) -> None:
+    """`"env": "verifiers:vf-calc"` on `loom up --workers 2`: Loom runs the environment's rollout itself, eight
+    trajectories of four tasks, each with the engine's ids and log-probs and the rubric's reward; an unknown id
+    and arguments the environment refuses are 422 at submission."""
+    pytest.importorskip("verifiers")
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth, timeout=60)
+    for env, params, loc, words in [
+        (
+            "verifiers:vf-missing",
+            {},
+            "env",
+            "no verifiers environment 'vf-missing'",
+        ),  # allowed, not installed
+        (f"verifiers:{VF_ENV}", {"bogus": 1}, "env_params", "unexpected keyword argument 'bogus'"),
+        ("verifiers:json", {}, "env", "not in the operator's allowlist"),
+    ]:
+        r = api.post("/v1/jobs", json={"env": env, "env_params": params, "dataset": {"limit": 2}})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", loc], r.text
+        assert words in r.text, r.text
+    spec = {"env": f"verifiers:{VF_ENV}", "dataset": {"limit": 4}, "group_size": 2, "max_turn_tokens": 24}
+    job_id = loom_up.submit(tmp_path, spec)
+    job = loom_up.wait_job(job_id, timeout=300)
+    assert job["state"] == "completed" and job["completed"] == 8 and job["failed"] == 0, job
+    trajs = loom_up.results(tmp_path, job_id)
+    assert len(trajs) == 8 and {t["group"] for t in trajs} == {0, 1, 2, 3}
+    for t in trajs:
+        assert t["status"] == "completed", t
+        _every_step_has_ids_and_logprobs(t)
+        verdict = t["info"]["verdict"]
+        assert t["reward"] == pytest.approx(verdict["score"]) and "tool_gave_answer" in verdict["metrics"], (
+            verdict
+        )
+        assert verdict["stop_condition"], verdict

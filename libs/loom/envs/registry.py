@@ -32,8 +32,9 @@ from loom.sandbox import Sandbox
 from loom.text.tokenizer import count_tokens
 
 # Which per-trajectory loop of the environment manager runs a kind: the built-in environments' (``env``,
-# services.envmgr.env_loop), a user environment's (``user``), trace replay, or an external agent's.
-Loop = Literal["env", "user", "replay", "external"]
+# services.envmgr.env_loop), a user environment's (``user``), trace replay, an external agent's, or a verifiers
+# environment's own rollout (``verifiers``: services.envmgr.verifiers_loop).
+Loop = Literal["env", "user", "replay", "external", "verifiers"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ KINDS: dict[str, Kind] = {
     "reasoning_gym:": Library("loom.envs.adapters.reasoning_gym"),
     "skyrl_gym:": Library("loom.envs.adapters.skyrl_gym", loop="user"),
     "gem:": Library("loom.envs.adapters.gem", loop="user", lane="gem"),
+    "verifiers:": Library("loom.envs.adapters.verifiers", loop="verifiers"),
     "module:Class": ImportPath(),
 }
 IMPORT_PATH = "module:Class"

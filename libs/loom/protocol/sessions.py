@@ -10,9 +10,14 @@ Honoured: ``stop`` (up to 4 strings) and vLLM's ``stop_token_ids``, ``n`` sample
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 from msgspec import Meta, Struct
+
+from loom.protocol.codec import from_json
+
+T = TypeVar("T")
 
 Tokens = Annotated[int, Meta(ge=1, le=1_000_000)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
@@ -108,3 +113,25 @@ class SessionReply(Struct):
 
     status: int
     body: dict[str, Any]
+
+
+class BadRequest(ValueError):
+    """A request body that is not the type asked for: the message, and the field it names (None: none)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def read_request(raw: bytes, typ: type[T]) -> T:
+    """An OpenAI request's JSON body as ``typ``, numbers read as JSON Schema reads them; BadRequest naming the
+    field that is wrong, as an OpenAI server answers 400."""
+    try:
+        return from_json(raw or b"{}", typ, lax=True)
+    except msgspec.ValidationError as e:
+        where = str(e).rsplit(" - at `$.", 1)
+        raise BadRequest(
+            str(e).split(" - at `", 1)[0], where[1].rstrip("`") if len(where) == 2 else None
+        ) from e
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise BadRequest(f"invalid JSON: {e}") from e
