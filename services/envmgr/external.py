@@ -40,7 +40,15 @@ from loom.engine.token_ids import QWEN3_VOCAB
 from loom.envs.base import EnvError
 from loom.predict import context as predict_context
 from loom.protocol import Prediction, Sibling, Step, Trajectory, TrajWork, decode, encode, subjects
-from loom.protocol.sessions import ChatRequest, CompletionRequest, Sampling, SessionCall, SessionReply
+from loom.protocol.sessions import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    GenerateRequest,
+    Sampling,
+    SessionCall,
+    SessionReply,
+)
 from loom.runtime.genclient import GenFailed
 from loom.text import chat, openai_api
 from services.envmgr.context import (
@@ -162,7 +170,9 @@ class Session:
             if call.kind == "chat" and call.chat is not None:
                 return SessionReply(200, await self._chat(call.chat))
             if call.kind == "completion" and call.completion is not None:
-                return SessionReply(200, await self._completion(call.completion))
+                return SessionReply(200, await self._text_completion(call.completion))
+            if call.kind == "generate" and call.generate is not None:
+                return SessionReply(200, await self._tokens(call.generate))
             raise CallError(400, f"a {call.kind} call without its request")
         except CallError as e:
             named = re.match(r"([a-z_]+): ", str(e))  # a refusal that names the field it refuses
@@ -255,7 +265,7 @@ class Session:
             responses.append(openai_api.chat_completion(g, reply))
         return responses[0] if len(responses) == 1 else openai_api.choices(responses)
 
-    async def _completion(self, req: CompletionRequest) -> dict[str, Any]:
+    async def _completion(self, req: CompletionRequest) -> list[tuple[openai_api.Generated, str]]:
         want = self._budget(req, req.max_tokens)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode(req.prompt)
         if not ids:
@@ -280,13 +290,22 @@ class Session:
             self.prompt = chat.decode(ids)
         turn = await self._generate(req, ids, new_ids, want, observation, rebased, choice)
         self.chat_seen = []
-        responses = [
-            openai_api.text_completion(
-                self._generated(sample, req, sample.finish, ids, req.logprobs is not None), sample.text
-            )
+        return [
+            (self._generated(sample, req, sample.finish, ids, req.logprobs is not None), sample.text)
             for sample in turn.samples
         ]
+
+    async def _text_completion(self, req: CompletionRequest) -> dict[str, Any]:
+        responses = [openai_api.text_completion(g, text) for g, text in await self._completion(req)]
         return responses[0] if len(responses) == 1 else openai_api.choices(responses)
+
+    async def _tokens(self, req: GenerateRequest) -> dict[str, Any]:
+        """vLLM's token-in, token-out generate: a completion of the ids, answered in that route's shape."""
+        try:
+            completion = req.completion()
+        except BadRequest as e:
+            raise CallError(400, str(e)) from e
+        return openai_api.generate_response([g for g, _ in await self._completion(completion)])
 
     def _generated(
         self,

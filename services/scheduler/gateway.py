@@ -3,7 +3,8 @@
 ``GET /v1/jobs/{id}/sessions`` lists the job's sessions: each trajectory's id, task and ``base_url``, the
 OpenAI client's base URL (``.../v1/sessions/{session_id}/v1``). Under it: ``POST /chat/completions`` and
 ``POST /completions`` (streamed or not; ``tools``, ``logprobs``, ``top_logprobs``, ``stop``, vLLM's
-``stop_token_ids`` and ``return_token_ids``, ``n`` choices), ``GET /models``.
+``stop_token_ids`` and ``return_token_ids``, ``n`` choices), ``GET /models``; beside it, as vLLM mounts it at its
+root, the token-in, token-out ``POST .../v1/sessions/{session_id}/inference/v1/generate``.
 ``POST /v1/sessions/{session_id}/finish`` with ``{"reward": r}`` (or null: the job's reward function scores
 it) ends the trajectory (also at ``{base_url}/finish``, for the OpenAI client's ``post``). Each session comes
 with its own ``api_key`` for the OpenAI client: it opens that session's paths and nothing else, so an agent
@@ -35,11 +36,13 @@ from loom.protocol.sessions import (
     ChatRequest,
     CompletionRequest,
     FinishRequest,
+    GenerateRequest,
     SessionCall,
     SessionReply,
     read_request,
 )
 from loom.runtime.service import Runtime
+from loom.runtime.workers import context_limit, read_workers
 from loom.text import openai_api
 from services.scheduler.jobs import JobManager
 from services.scheduler.openapi import OPENAI_ERROR, answers, body
@@ -179,13 +182,39 @@ def add_gateway_routes(
         """OpenAI's text completions on the session's trajectory (a prompt of text or token ids)."""
         return await generate(request, sid, CompletionRequest)
 
+    @app.post(
+        "/v1/sessions/{sid}/inference/v1/generate",
+        openapi_extra=body(GenerateRequest),
+        responses=answers(400, 404, 409, 500, 503, 504, schema=OPENAI_ERROR),
+    )
+    async def generate_tokens(request: Request, sid: str) -> Response:
+        """vLLM's token-in, token-out generate on the session's trajectory (at the server's root, beside the OpenAI
+        base URL, as vLLM mounts it): prompt ids in, output ids and log-probs out."""
+        found = session_job(request, sid)
+        if isinstance(found, JSONResponse):
+            return found
+        req = read(await request.body(), GenerateRequest)
+        if isinstance(req, JSONResponse):
+            return req
+        reply = await call(*found, SessionCall("generate", generate=req))
+        return JSONResponse(status_code=reply.status, content=reply.body)
+
     @app.get("/v1/sessions/{sid}/v1/models", responses=answers(404, schema=OPENAI_ERROR))
     async def models(request: Request, sid: str) -> Response:
         found = session_job(request, sid)
         if isinstance(found, JSONResponse):
             return found
         job = found[0]
-        entry = {"id": job.spec.model, "object": "model", "created": int(job.created_at), "owned_by": "loom"}
+        entry: dict[str, Any] = {
+            "id": job.spec.model,
+            "object": "model",
+            "created": int(job.created_at),
+            "owned_by": "loom",
+        }
+        # vLLM's card names the longest context: clients (verifiers' renderers) check prompts against it.
+        limit = context_limit((await read_workers(rt.js)).values(), job.spec.model)
+        if limit is not None:
+            entry["max_model_len"] = limit
         return JSONResponse(content={"object": "list", "data": [entry]})
 
     finish_errors = answers(400, 404, 409, 500, 503, 504, schema=OPENAI_ERROR)

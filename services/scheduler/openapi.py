@@ -10,9 +10,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from loom.protocol import JobSpec, RLJobSpec, StreamSpec
-from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest
+from loom.protocol.sessions import ChatRequest, CompletionRequest, FinishRequest, GenerateRequest
 
-_SPECS = (JobSpec, RLJobSpec, StreamSpec, ChatRequest, CompletionRequest, FinishRequest)
+_SPECS = (JobSpec, RLJobSpec, StreamSpec, ChatRequest, CompletionRequest, GenerateRequest, FinishRequest)
 _REFS, COMPONENTS = msgspec.json.schema_components(_SPECS, ref_template="#/components/schemas/{name}")
 _BODY: dict[type, dict[str, Any]] = dict(zip(_SPECS, _REFS, strict=True))
 

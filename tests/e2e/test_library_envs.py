@@ -307,3 +307,52 @@ def test_a_verifiers_job_runs_the_environment_in_loom(loom_up: LoomUp, tmp_path:
             verdict
         )
         assert verdict["stop_condition"], verdict
+
+
+def test_verifiers_training_client_gets_tokens_from_the_tokens_route(loom_up: LoomUp) -> None:
+    """verifiers' training path renders the chat itself and asks vLLM's `/inference/v1/generate` for tokens
+    (`renderers.client.generate`, with its Qwen3 renderer over Qwen's tokenizer): the session's trajectory
+    records the ids it sent and the ids and log-probs it got back."""
+    pytest.importorskip("verifiers")
+    import openai
+    from openai import AsyncOpenAI
+    from renderers.client import generate
+    from renderers.qwen3 import Qwen3Renderer
+
+    from loom.text.tokenizer import hf_tokenizer
+
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth, timeout=60)
+    task = {"id": "t", "data": {"question": "What is 2 plus 3?"}}
+    job = api.post("/v1/jobs", json={"env": "external", "tasks": [task], "group_size": 1})
+    assert job.status_code == 201, job.text
+    (s,) = api.get(f"/v1/jobs/{job.json()['id']}/sessions").json()["sessions"]
+    messages = [{"role": "user", "content": "What is 2 plus 3?"}]
+
+    async def run() -> dict[str, Any]:
+        client = AsyncOpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+
+        async def call(sampling: dict[str, Any]) -> dict[str, Any]:
+            renderer = Qwen3Renderer(hf_tokenizer())
+            return await generate(
+                client=client,
+                renderer=renderer,
+                messages=messages,
+                model="qwen3-8b",
+                sampling_params=sampling,
+            )
+
+        # A sampling field that would change the distribution recorded is refused by name.
+        with pytest.raises(openai.BadRequestError, match="top_k"):
+            await call({"max_tokens": 12, "top_k": 20})
+        out = await call({"max_tokens": 12, "temperature": 1.0})
+        await client.post("/finish", body={"reward": 0.5}, cast_to=object)
+        return out
+
+    out = asyncio.run(run())
+    assert len(out["completion_ids"]) == len(out["completion_logprobs"]) == 12
+    assert loom_up.wait_job(job.json()["id"], timeout=60)["completed"] == 1
+    (t,) = api.get(f"/v1/jobs/{job.json()['id']}/trajectories").json()["items"]
+    (step,) = t["steps"]
+    assert step["prompt_ids"] == out["prompt_ids"] and step["output_ids"] == out["completion_ids"]
+    assert step["output_logprobs"] == pytest.approx(out["completion_logprobs"])
+    assert t["reward"] == 0.5

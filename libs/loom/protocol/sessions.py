@@ -92,6 +92,72 @@ class CompletionRequest(Sampling):
         return None
 
 
+# Sampling fields of vLLM's SamplingParams that Loom keeps neutral, so that what is sampled is the full
+# distribution at the temperature whose log-probs a trainer computes, with the values that leave it so.
+NEUTRAL_SAMPLING: dict[str, tuple[float, ...]] = {
+    "top_k": (0, -1),
+    "min_p": (0.0,),
+    "repetition_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+}
+
+
+class GenerateParams(Struct):
+    """vLLM's ``SamplingParams`` as ``/inference/v1/generate`` takes them in JSON: the fields Loom acts on (others,
+    such as ``seed`` or ``skip_special_tokens``, change nothing here and are ignored, as for the OpenAI routes)."""
+
+    max_tokens: Tokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    # How many alternatives of each sampled token to return beside its log-prob (None: no log-probs).
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+
+
+class GenerateRequest(Struct):
+    """vLLM's token-in, token-out ``POST /inference/v1/generate`` (what verifiers' training client and SkyRL send):
+    prompt ids in, output ids and log-probs out, no template applied."""
+
+    token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(min_length=1)]
+    sampling_params: GenerateParams = msgspec.field(default_factory=GenerateParams)
+    model: str | None = None
+    request_id: str | None = None
+
+    def completion(self) -> CompletionRequest:
+        """The same call as a text completion of the ids, with vLLM's ``return_token_ids``; BadRequest naming a
+        sampling field that would sample from another distribution than the one recorded."""
+        sp = self.sampling_params
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            value = getattr(sp, name)
+            if value is not None and value not in neutral:
+                raise BadRequest(
+                    f"{name}: Loom samples the full distribution at the temperature, whose log-probs it records; "
+                    f"{name} {value} would change it",
+                    name,
+                )
+        return CompletionRequest(
+            prompt=list(self.token_ids),
+            model=self.model,
+            max_tokens=sp.max_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            n=sp.n,
+            stop=sp.stop,
+            stop_token_ids=sp.stop_token_ids,
+            return_token_ids=True,
+            logprobs=0 if sp.logprobs is not None else None,
+            top_logprobs=sp.logprobs or None,
+        )
+
+
 class FinishRequest(Struct):
     """The body of ``finish``: the trajectory's reward, or null for the job's reward function to score it."""
 
@@ -101,9 +167,10 @@ class FinishRequest(Struct):
 class SessionCall(Struct):
     """A call on a session, from the gateway to the environment manager running it."""
 
-    kind: Literal["chat", "completion", "finish"]
+    kind: Literal["chat", "completion", "generate", "finish"]
     chat: ChatRequest | None = None
     completion: CompletionRequest | None = None
+    generate: GenerateRequest | None = None
     # finish: the trajectory's reward, or None for the job's reward function to score it.
     reward: float | None = None
 

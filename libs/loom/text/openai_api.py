@@ -217,3 +217,40 @@ def chunks(response: dict[str, Any], include_usage: bool) -> Iterator[dict[str, 
         yield chunk(None, finish_reason=choice["finish_reason"])
     if include_usage:
         yield {**head, "choices": [], "usage": response["usage"]}
+
+
+def generate_response(samples: Sequence[Generated]) -> dict[str, Any]:
+    """One call's samples as vLLM's token-in, token-out ``/inference/v1/generate`` answers: the prompt's ids, and
+    per choice its ids, finish reason and ``logprobs.content``, one entry per output id named ``token_id:N``
+    (as verifiers' renderers read it) with its top alternatives."""
+    first = samples[0]
+    choices = []
+    for i, g in enumerate(samples):
+        content = None
+        if g.logprobs is not None:
+            tops: Sequence[Sequence[tuple[int, float]] | None] = g.top or [None] * len(g.output_ids)
+            content = [
+                {
+                    "token": f"token_id:{t}",
+                    "token_id": t,
+                    "logprob": lp,
+                    "top_logprobs": [
+                        {"token": f"token_id:{a}", "token_id": a, "logprob": alp} for a, alp in top or ()
+                    ],
+                }
+                for t, lp, top in zip(g.output_ids, g.logprobs, tops, strict=True)
+            ]
+        choices.append(
+            {
+                "index": i,
+                "token_ids": list(g.output_ids),
+                "finish_reason": g.finish,
+                "logprobs": {"content": content} if content is not None else None,
+            }
+        )
+    return {
+        "request_id": f"generate-tokens-{first.rid}",
+        "prompt_token_ids": list(first.prompt_ids),
+        "choices": choices,
+        "usage": usage(len(first.prompt_ids), sum(len(g.output_ids) for g in samples)),
+    }
