@@ -10,8 +10,10 @@ PIN := $(VENV)/torch-pin.txt
 # advantage, reward and metric functions) import and run on 5.24 (measured), so verl comes without its pins, as
 # do tensordict and pyvers (whose packaging<26 cap would move pip's own packaging back). The rest is what those
 # parts import, resolved as usual; ray[default]'s extras, wandb and tensorboard serve a real cluster's run.
-VERL_NODEPS := verl==0.9.1 'tensordict>=0.8,<=0.10,!=0.9.0' pyvers==0.1.0
-VERL_DEPS := 'ray>=2.41' 'hydra-core>=1.3' codetiming cachetools dill peft torchdata cloudpickle orjson
+# TransferQueue is where verl's v1 trainer reads its rollouts from; it too asks for ray[default], so it comes
+# without its pins, and pyzmq (its transport) is resolved with the rest.
+VERL_NODEPS := verl==0.9.1 'tensordict>=0.8,<=0.10,!=0.9.0' pyvers==0.1.0 TransferQueue==0.1.11
+VERL_DEPS := 'ray>=2.41' 'hydra-core>=1.3' codetiming cachetools dill peft torchdata cloudpickle orjson pyzmq
 # GEM (gem-llm 0.1.0, `"env": "gem:<env_id>"`, loom.envs.adapters.gem) pins math-verify[antlr4_13_2], whose
 # antlr4-python3-runtime 4.13.2 cannot sit beside the 4.9 of verl's hydra and skyrl-gym's omegaconf, and
 # reasoning-gym 0.1.23, msgspec 0.19.0 and nltk 3.9.1. So it has a venv of its own, which `loom up` starts a

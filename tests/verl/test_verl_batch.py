@@ -137,17 +137,22 @@ def test_rows_become_one_job_of_groups_as_verls_grpo_groups_them() -> None:
 def test_the_manager_says_what_it_needs(
     verl_config: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tensordict import TensorDict
-
     from loom.integrations.verl import LoomAgentLoopManager
 
     with pytest.raises(ValueError, match=r"loom section with url and env"):
         LoomAgentLoopManager(verl_config())
+    loom = ["+loom.url=http://127.0.0.1:9", "+loom.env=coin"]
     saves = ["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", "trainer.save_freq=1"]
-    manager = LoomAgentLoopManager(verl_config("+loom.url=http://127.0.0.1:9", "+loom.env=coin", *saves))
-    # verl's default v1 trainer hands its manager a TensorDict and reads TransferQueue.
-    with pytest.raises(TypeError, match=r"trainer.use_v1=false"):
-        manager.generate_sequences(TensorDict({}, batch_size=2))
+    manager = LoomAgentLoopManager(verl_config(*loom, *saves))
+    # verl's async v1 trainers keep their own replicas generating across steps; a Loom job ends with its batch.
+    for mode in ("colocate_async", "separate_async"):
+        with pytest.raises(
+            ValueError, match=r"trainer_mode .*async is not served; set trainer.v1.trainer_mode=sync"
+        ):
+            LoomAgentLoopManager(verl_config(*loom, *saves, f"trainer.v1.trainer_mode={mode}"))
+    LoomAgentLoopManager(
+        verl_config(*loom, *saves, "trainer.v1.trainer_mode=colocate_async", "trainer.use_v1=false")
+    )
     monkeypatch.delenv("LOOM_API_TOKEN", raising=False)
     with pytest.raises(ValueError, match=r"LOOM_API_TOKEN"):
         manager.loom.api_token()

@@ -4,7 +4,9 @@ multi-turn coin game on the simulated engines.
 ``LoomAgentLoopManager`` is loaded as verl's trainer loads ``rollout.agent.agent_loop_manager_class`` and fed
 batches as its ``fit`` makes them (its dataset's collate function, a uid per prompt, ``_get_gen_batch``,
 ``rollout.n`` repeats); what comes back goes through what ``fit`` does next: union with the kept batch, the
-reward, the GRPO advantage, the data and timing metrics, the actor's policy loss. ``LoomAgentLoop`` runs inside
+reward, the GRPO advantage, the data and timing metrics, the actor's policy loss. Under the v1 trainer, it is fed
+batches as that trainer submits them and what it writes to TransferQueue is what verl's own v1 worker writes for
+the same samples, read back through verl's replay buffer. ``LoomAgentLoop`` runs inside
 verl's own ``AgentLoopWorker``. The simulated engines answer with placeholder ids and log-probabilities, so what
 is checked is the contract, and the weight hand-off from a checkpoint saved in verl's layout; the reward is a
 user function that differs within a group (``verl_rewards``), so that the advantages and the loss are not 0."""
@@ -17,6 +19,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -46,6 +49,27 @@ def loom_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoomUp]:
         yield from start_loom_up(tmp_path_factory.mktemp("loom"))
 
 
+@pytest.fixture(scope="module")
+def ray_tq(loom_up: LoomUp) -> Iterator[None]:
+    """One local Ray cluster for the module (starting one is most of a test's time): verl's FSDP ranks run on it,
+    and TransferQueue, where verl's v1 trainer reads its rollouts. Its workers see this checkout and Loom's token."""
+    import ray
+    import transfer_queue as tq
+
+    token = (loom_up.home / "api_token").read_text().strip()
+    root = str(Path(__file__).parents[2])
+    # CPUs as Ray counts them: TransferQueue's controller and its one storage unit hold one each (the FSDP ranks
+    # ask for none); more would have Ray start more idle workers, seconds on a small machine.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root, "LOOM_API_TOKEN": token}})  # fmt: skip
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+    try:
+        yield
+    finally:
+        tq.close()
+        ray.shutdown()
+
+
 def _loom(up: LoomUp, checkpoints: Path, *more: str) -> list[str]:
     """The ``loom`` section on verl's command line (the token comes from LOOM_API_TOKEN)."""
     return [
@@ -72,6 +96,23 @@ def _save_checkpoint(checkpoints: Path, step: int) -> None:
     )
 
 
+def _rows(tasks: list[int]) -> list[dict[str, Any]]:
+    """Coin games as verl's RLHFDataset yields them."""
+    games = coin.coin_tasks("train")
+    return [
+        {
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+            "raw_prompt": np.array([{"role": "user", "content": coin.prompt(games[t])}], dtype=object),
+            "loom_task": t,
+            "data_source": "coin",
+            "reward_model": {"style": "rule", "ground_truth": str(games[t].coin)},
+            "extra_info": {"index": i},
+            "index": i,
+        }
+        for i, t in enumerate(tasks)
+    ]
+
+
 def _gen_batch(step: int, n: int) -> tuple[Any, Any]:
     """A training batch as verl's ``fit`` makes one: dataset rows through its collate function, a uid per
     prompt, the generation batch split off (``_get_gen_batch``), each prompt repeated ``n`` times."""
@@ -79,19 +120,7 @@ def _gen_batch(step: int, n: int) -> tuple[Any, Any]:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    tasks = coin.coin_tasks("train")
-    rows = [
-        {
-            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
-            "raw_prompt": np.array([{"role": "user", "content": coin.prompt(tasks[t])}], dtype=object),
-            "loom_task": t,
-            "data_source": "coin",
-            "reward_model": {"style": "rule", "ground_truth": str(tasks[t].coin)},
-            "extra_info": {"index": i},
-            "index": i,
-        }
-        for i, t in enumerate(TASKS)
-    ]
+    rows = _rows(TASKS)
     batch = DataProto.from_single_dict(collate_fn(rows))
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
     gen = RayPPOTrainer._get_gen_batch(None, batch)  # type: ignore[arg-type]  # uses no trainer state
@@ -211,6 +240,173 @@ def test_verl_trains_on_loom_rollouts_through_the_agent_loop_manager(
     assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == "1"
 
 
+def _v1_batch(step: int, rows: list[dict[str, Any]], **columns: list[Any]) -> Any:
+    """A batch as verl's v1 trainer makes one: the rows through its dataset's collate function (with more
+    ``columns``), a uid per prompt, not repeated (its own ``_fetch_one_gen_batch``), the step."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    batch_dict = collate_fn(rows)
+    batch_dict.update({k: np.array(v, dtype=object) for k, v in columns.items()})
+    trainer = SimpleNamespace(train_dataloader=[batch_dict], train_dataloader_it=None)
+    batch = PPOTrainer._fetch_one_gen_batch(trainer)  # type: ignore[arg-type]  # uses no other trainer state
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    return batch
+
+
+def _submit(manager: Any, step: int, batch: Any) -> None:
+    """What verl's v1 trainer does with a training batch: each prompt registered in TransferQueue as pending,
+    then ``generate_sequences`` (its own ``_submit_batch_to_rollout``)."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    trainer = SimpleNamespace(global_steps=step, trainer_mode="sync", agent_loop_manager=manager)
+    PPOTrainer._submit_batch_to_rollout(trainer, batch.clone())  # type: ignore[arg-type]
+
+
+def _sampled(buffer: Any, step: int, partition: str, prompts: int) -> tuple[list[str], dict[str, Any], Any]:
+    """What verl's replay buffer samples once every prompt is done: the samples' keys, their tags and all their
+    fields (then cleared, as the trainer clears a step's)."""
+    import transfer_queue as tq
+
+    meta, _ = buffer.sample(global_steps=step, partition_id=partition, batch_size=prompts)
+    keys = sorted(meta.keys)
+    data = tq.kv_batch_get(keys=keys, partition_id=partition)
+    tq.kv_clear(keys=keys, partition_id=partition)
+    return keys, dict(zip(meta.keys, meta.tags, strict=True)), data
+
+
+def _job(api: httpx.Client) -> tuple[dict[str, Any], dict[str, Any]]:
+    job = api.get("/v1/jobs").json()["jobs"][-1]
+    return job, api.get(f"/v1/jobs/{job['id']}", params={"tasks": True}).json()["spec"]
+
+
+def test_verls_v1_trainer_reads_from_loom_what_its_own_manager_writes(
+    loom_up: LoomUp,
+    verl_config: Callable[..., Any],
+    ray_tq: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl's default trainer (``trainer.use_v1``, sync): Loom's manager gets the batch of distinct prompts, runs
+    each prompt's ``rollout.n`` samples as one group of one job, and writes them to TransferQueue, where verl's
+    replay buffer samples them; verl's own v1 worker (``AgentLoopWorkerTQ``), its agent loop returning the very
+    samples Loom made, writes the same keys, tags and fields, value for value."""
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from loom.integrations.jobs import collect
+    from loom.integrations.verl import sample_of
+    from loom.integrations.verl.agent_loop import agent_loop_output
+    from loom.integrations.verl.config import plain
+    from tests.verl.replay_loop import ReplayLoop
+
+    monkeypatch.setenv("LOOM_API_TOKEN", (loom_up.home / "api_token").read_text().strip())
+    n, manager_fqn = 3, "loom.integrations.verl.LoomAgentLoopManager"
+    cfg = verl_config(
+        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager_fqn}",
+        "trainer.use_v1=true",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.5",
+        *_loom(loom_up, tmp_path / "ckpt"),
+    )
+    # What TaskRunnerV1.init_agent_loop_manager does with the class it names.
+    manager = load_class_from_fqn(cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager").create(
+        config=cfg, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
+    )  # fmt: skip
+    buffer = ReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.1,
+    )
+    api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
+    batch = _v1_batch(5, _rows(TASKS))
+    uids = list(batch["uid"])
+    _submit(manager, 5, batch)
+    keys, tags, ours = _sampled(buffer, 5, "train", len(TASKS))
+    # Groups whole: every prompt's n samples, from one Loom job whose groups are the prompts.
+    assert keys == sorted(f"{u}_{s}_0" for u in uids for s in range(n))
+    job, spec = _job(api)
+    assert (spec["name"], spec["group_size"], [t["id"] for t in spec["tasks"]]) == ("verl step 5", n, TASKS)
+
+    # verl's own v1 worker on the same batch (run here rather than as a Ray actor: the same code), its loop
+    # handing back Loom's trajectories as Loom's agent loop hands them to verl, cut to verl's widths.
+    lines = api.get(f"/v1/jobs/{job['id']}/trajectories", params={"format": "ndjson"}).text.splitlines()
+    for (g, s), t in collect(job, spec, lines).items():
+        ReplayLoop.outputs[(uids[g], s)] = agent_loop_output(
+            sample_of(t).fit(PROMPT_LENGTH, RESPONSE_LENGTH), 0.0
+        )
+    worker = AgentLoopWorkerTQ.__ray_metadata__.modified_class(
+        verl_config(
+            f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.agent.default_agent_loop=replay"
+        ),
+        llm_client=None,
+    )
+
+    class VerlManager:  # AgentLoopManagerTQ's dispatch, to its one worker, waiting for the samples it spawns
+        def generate_sequences(self, batch: Any) -> None:
+            async def run() -> None:
+                await worker.generate_sequences(batch)
+                await asyncio.gather(*worker.background_tasks)
+
+            asyncio.run(run())
+
+    _submit(VerlManager(), 5, batch)
+    verl_keys, verl_tags, theirs = _sampled(buffer, 5, "train", len(TASKS))
+    assert verl_keys == keys and verl_tags == tags
+    fields = sorted(theirs.keys())  # iterating a TensorDict walks its rows, not its keys
+    assert sorted(ours.keys()) == fields
+    tensors = ["prompts", "responses", "response_mask", "loss_mask", "input_ids", "position_ids"]
+    columns = ["uid", "global_steps", "raw_prompt", "loom_task", "data_source", "reward_model", "extra_info"]
+    assert {
+        *tensors,
+        "rollout_log_probs",
+        "rm_scores",
+        "num_turns",
+        "extra_fields",
+        "session_id",
+        *columns,
+    } < {*fields}
+    for field in fields:
+        a, b = ours[field], theirs[field]
+        if isinstance(a, torch.Tensor):
+            assert a.is_nested == b.is_nested, field
+            for x, y in zip(a.unbind() if a.is_nested else a, b.unbind() if b.is_nested else b, strict=True):
+                torch.testing.assert_close(x, y, rtol=0, atol=0, msg=field)
+        elif field == "metrics":  # timings
+            assert [m.keys() for m in a] == [m.keys() for m in b]
+        else:
+            assert plain(list(a)) == plain(list(b)), field
+    assert {t["status"] for t in tags.values()} == {"success"}
+    scores = ours["rm_scores"].unbind()
+    assert sorted(float(x.sum()) for x in scores) == sorted(float(s) for _ in TASKS for s in range(n))
+
+    # Validation: val_kwargs' sampling, the "val" partition, and a dataset's own number of samples per prompt
+    # (a job per number: one group size to a Loom job).
+    batch = _v1_batch(5, _rows(TASKS), __rollout_n__=[1, 2])
+    tu.assign_non_tensor_data(batch, "validate", True)
+    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val",
+                    tags=[{"is_prompt": True, "status": "pending", "global_steps": 5} for _ in TASKS])  # fmt: skip
+    manager.generate_sequences(batch.clone())
+    keys, _, data = _sampled(buffer, 5, "val", len(TASKS))
+    u0, u1 = batch["uid"]
+    assert keys == sorted([f"{u0}_0_0", f"{u1}_0_0", f"{u1}_1_0"])
+    jobs = api.get("/v1/jobs").json()["jobs"][-2:]
+    specs = [api.get(f"/v1/jobs/{j['id']}", params={"tasks": True}).json()["spec"] for j in jobs]
+    assert sorted((s["group_size"], [t["id"] for t in s["tasks"]]) for s in specs) == [
+        (1, TASKS[:1]),
+        (2, TASKS[1:]),
+    ]
+    assert {s["sampling"]["temperature"] for s in specs} == {0.5}
+    assert "__rollout_n__" not in data and "validate" not in data
+
+
 def test_loom_agent_loop_runs_inside_verls_own_agent_loop_worker(
     loom_up: LoomUp, verl_config: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,7 +434,7 @@ def test_loom_agent_loop_runs_inside_verls_own_agent_loop_worker(
 
 
 def test_verls_checkpoint_manager_moves_the_fleet_in_memory_from_an_fsdp_actor(
-    loom_up: LoomUp, verl_config: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    loom_up: LoomUp, verl_config: Callable[..., Any], ray_tq: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """verl's trainer with ``rollout.checkpoint_manager_class`` set to Loom's: the manager built as verl builds
     it, ``update_weights`` called as ``fit`` calls it (at the start, then after each actor update), two FSDP2
@@ -269,36 +465,30 @@ def test_verls_checkpoint_manager_moves_the_fleet_in_memory_from_an_fsdp_actor(
     api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     now = api.get("/v1/models/qwen3-8b/weights")
     start = int(now.json()["version"]) if now.status_code == 200 else 0  # the earlier tests may have moved it
-    root = str(Path(__file__).parents[2])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": root, "LOOM_API_TOKEN": token}})  # fmt: skip
-    try:
-        engine_cfg = OmegaConf.to_container(cfg.actor_rollout_ref.rollout.checkpoint_engine, resolve=True)
-        port = free_port()
-        rank = ray.remote(FSDPActorRank)
-        ranks = [rank.remote(r, 2, port, engine_cfg) for r in range(2)]
-        # What verl's trainer does with the class it names (RayPPOTrainer._init_async_rollout_manager, fit).
-        manager = load_class_from_fqn(cfg.actor_rollout_ref.rollout.checkpoint_manager_class, "CheckpointEngineManager")(
-            config=omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine),
-            actor_wg=ActorGroup(ranks),
-            replicas=[],
-        )  # fmt: skip
-        manager.sleep_replicas()
-        assert "loom/update_s" not in manager.update_weights(
-            0
-        )  # a fresh start: the fleet serves step 0's weights
-        for step in (1, 2):
-            ray.get([r.train_step.remote(step) for r in ranks])
-            full = ray.get([r.full_state.remote() for r in ranks])[0]
-            metrics = manager.update_weights(start + step)
-            assert metrics["loom/fleet_version"] == start + step
-            # Every byte of the gathered model went out in one broadcast, checked on arrival (CRC over gloo).
-            assert metrics["loom/bytes"] == sum(t.numel() * t.element_size() for t in full.values())
-            assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == str(start + step)
-        # The step it resumes from, again: not an error, the fleet already serves it.
-        assert manager.update_weights(start + 2)["loom/fleet_version"] == start + 2
-    finally:
-        ray.shutdown()
+    engine_cfg = OmegaConf.to_container(cfg.actor_rollout_ref.rollout.checkpoint_engine, resolve=True)
+    port = free_port()
+    rank = ray.remote(num_cpus=0)(FSDPActorRank)
+    ranks = [rank.remote(r, 2, port, engine_cfg) for r in range(2)]
+    # What verl's trainer does with the class it names (RayPPOTrainer._init_async_rollout_manager, fit).
+    manager = load_class_from_fqn(cfg.actor_rollout_ref.rollout.checkpoint_manager_class, "CheckpointEngineManager")(
+        config=omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine),
+        actor_wg=ActorGroup(ranks),
+        replicas=[],
+    )  # fmt: skip
+    manager.sleep_replicas()
+    assert "loom/update_s" not in manager.update_weights(
+        0
+    )  # a fresh start: the fleet serves step 0's weights
+    for step in (1, 2):
+        ray.get([r.train_step.remote(step) for r in ranks])
+        full = ray.get([r.full_state.remote() for r in ranks])[0]
+        metrics = manager.update_weights(start + step)
+        assert metrics["loom/fleet_version"] == start + step
+        # Every byte of the gathered model went out in one broadcast, checked on arrival (CRC over gloo).
+        assert metrics["loom/bytes"] == sum(t.numel() * t.element_size() for t in full.values())
+        assert api.get("/v1/models/qwen3-8b/weights").json()["version"] == str(start + step)
+    # The step it resumes from, again: not an error, the fleet already serves it.
+    assert manager.update_weights(start + 2)["loom/fleet_version"] == start + 2
     # verl's own manager (the v1 trainer's, which reads no checkpoint_manager_class) stops at its first call.
     with pytest.raises(
         RuntimeError, match=re.escape("checkpoint_manager_class=loom.integrations.verl.LoomCheckpointManager")

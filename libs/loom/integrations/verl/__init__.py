@@ -2,7 +2,8 @@
 
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=loom.integrations.verl.LoomAgentLoopManager`` with
 ``+loom.url=... +loom.env=coin`` runs each batch verl hands its rollout as one Loom job (a group per distinct
-prompt, ``rollout.n`` samples each) and hands back the ``DataProto`` verl's trainer reads: multi-turn responses
+prompt, ``rollout.n`` samples each) and hands back what verl's trainer reads: the ``DataProto`` of the classic
+trainer, or, under the v1 trainer (``sync`` mode), the samples written to TransferQueue; multi-turn responses
 with the environment's tokens masked, the engine's log-probabilities, Loom's reward at the last token. The fleet
 follows verl's saved checkpoints, or, with ``LoomCheckpointManager`` as verl's
 ``rollout.checkpoint_manager_class``, takes each step's weights in memory (``loom.integrations.verl.checkpoint``).

@@ -3,10 +3,14 @@
 verl's PPO trainer loads the class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class``, builds
 it with ``create(config=..., llm_client=..., teacher_client=..., reward_loop_worker_handles=...)`` and calls
 ``generate_sequences(batch)`` for every training and validation batch. Here each call is one Loom job (a group
-per distinct prompt, ``rollout.n`` samples each); the trajectories come back as the ``DataProto`` verl's own
-manager returns (``loom.integrations.verl.batch``), Loom's reward in ``rm_scores``. Before the job, the fleet
-moves to the newest checkpoint verl saved (``loom.integrations.verl.weights``), unless verl moves it in memory
-after every update (``loom.integrations.verl.checkpoint``).
+per distinct prompt, ``rollout.n`` samples each). The classic trainer (``trainer.use_v1=false``) hands over a
+``DataProto`` with each prompt already repeated ``rollout.n`` times and gets back the ``DataProto`` verl's own
+manager returns (``loom.integrations.verl.batch``); the v1 trainer (verl's default, in its ``sync`` mode) hands
+over a ``TensorDict`` of distinct prompts and reads the samples from TransferQueue, where they are written as its
+own manager writes them (``loom.integrations.verl.records``) before the call returns. Loom's reward is in
+``rm_scores``. Before the job, the fleet moves to the newest checkpoint verl saved
+(``loom.integrations.verl.weights``), unless verl moves it in memory after every update
+(``loom.integrations.verl.checkpoint``, classic trainer only).
 
 verl's sampling settings apply (``rollout.temperature``/``top_p``, ``val_kwargs`` for validation); its LLM
 servers, reward workers and teacher are not used: Loom's fleet generates and Loom's reward scores.
@@ -14,21 +18,30 @@ servers, reward workers and teacher are not used: Loom's fleet generates and Loo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import transfer_queue as tq
+from tensordict import TensorDict
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from loom.integrations.jobs import connect
 from loom.integrations.verl.batch import to_dataproto
 from loom.integrations.verl.client import run_job
 from loom.integrations.verl.config import LoomConfig, loom_config
-from loom.integrations.verl.jobs import plan
+from loom.integrations.verl.jobs import plan, task_of
+from loom.integrations.verl.records import prompt_rows, record
 from loom.integrations.verl.samples import sample_of
 from loom.integrations.verl.weights import weight_sync
+
+# verl's v1 trainers that a blocking rollout serves: the async ones keep verl's own replicas generating while
+# they train, and resume what a weight update interrupted.
+V1_MODES = ("sync",)
 
 
 def job_spec(
@@ -71,6 +84,13 @@ class LoomAgentLoopManager:
     ) -> None:
         self.config = config
         self.loom = loom_config(config)
+        trainer = config.trainer
+        mode = trainer.get("v1", {}).get("trainer_mode", "sync")
+        if trainer.get("use_v1", False) and mode not in V1_MODES:
+            raise ValueError(
+                f"Loom's manager runs a batch as one job and returns when it is done: verl's v1 trainer in "
+                f"trainer_mode {mode} is not served; set trainer.v1.trainer_mode=sync (or trainer.use_v1=false)"
+            )
         self.rollout = config.actor_rollout_ref.rollout
         root = self.loom.checkpoints or config.trainer.default_local_dir
         # With Loom's checkpoint manager, verl moves the fleet itself after every update; else the fleet follows
@@ -82,13 +102,12 @@ class LoomAgentLoopManager:
         return cls(*args, **kwargs)
 
     @auto_await
-    async def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """One Loom job for the batch; its trajectories as verl's rollout output, row for row."""
-        if not isinstance(prompts, DataProto):
-            raise TypeError(
-                "verl's v1 trainer (trainer.use_v1=true) hands its manager a TensorDict and reads TransferQueue: "
-                "set trainer.use_v1=false, or run LoomAgentLoop under verl's own manager"
-            )
+    async def generate_sequences(self, prompts: DataProto | TensorDict) -> DataProto | None:
+        """One Loom job for the batch: under the classic trainer, its trajectories as verl's rollout output, row
+        for row; under the v1 trainer, written to TransferQueue, nothing returned."""
+        if isinstance(prompts, TensorDict):
+            await self._to_transfer_queue(prompts)
+            return None
         meta = prompts.meta_info
         if (
             "__do_sample__" in prompts.non_tensor_batch
@@ -116,4 +135,53 @@ class LoomAgentLoopManager:
             self.loom.pad_token_id,
             non_tensor=prompts.non_tensor_batch,
             meta_info={"timing": {"loom/update_weights": moved - start, "loom/job": done - moved}},
+        )
+
+    async def _to_transfer_queue(self, batch: TensorDict) -> None:
+        """The v1 trainer's batch of distinct prompts: each a group of its ``rollout.n`` samples (or its row's
+        ``__rollout_n__``), all of them written to TransferQueue, and each prompt's status, before returning."""
+        validate = bool(batch["validate"]) if "validate" in batch else False
+        partition = "val" if validate else "train"
+        sampling = self.rollout.val_kwargs if validate else self.rollout
+        rows = prompt_rows(batch)
+        sizes = [int(row.pop("__rollout_n__", sampling.n)) for row in rows]
+        greedy = [not row.pop("__do_sample__", True) for row in rows]  # verl samples validation as configured
+        if any(greedy) and not validate:
+            raise NotImplementedError("greedy baseline rows (REMAX) in a Loom job: use another estimator")
+        uids = [str(row["uid"]) for row in rows]
+        await tq.async_kv_batch_put(
+            keys=uids, partition_id=partition, tags=[{"status": "running"}] * len(uids)
+        )
+        # A Loom job has one group size: prompts asking for different numbers of samples are a job each.
+        jobs: dict[int, list[int]] = {}
+        for i, n in enumerate(sizes):
+            jobs.setdefault(n, []).append(i)
+        name = f"verl {'validation' if validate else 'step'} {batch['global_steps']}"
+        response_length = int(self.rollout.response_length)
+        specs = []
+        for n, members in jobs.items():
+            tasks = [task_of(rows[i], self.loom.dataset) for i in members]
+            named = [{**t, "id": t["id"] or f"p{g}"} for g, t in enumerate(tasks)]
+            specs.append(job_spec(self.loom, name, named, n, sampling, response_length))
+        start = time.perf_counter()
+        async with connect(self.loom.url, self.loom.api_token()) as http:
+            if self.weights is not None:
+                await self.weights.sync(http)
+            results = await asyncio.gather(*(run_job(http, spec, self.loom.timeout_s) for spec in specs))
+        seconds = time.perf_counter() - start
+        prompt_length = int(self.rollout.prompt_length)
+        keys, fields, tags = [], [], []
+        for (n, members), trajs in zip(jobs.items(), results, strict=True):
+            for g, i in enumerate(members):
+                for session in range(n):
+                    s = sample_of(trajs[(g, session)]).fit(prompt_length, response_length)
+                    f, t = record(s, rows[i], session, seconds)
+                    keys.append(f"{uids[i]}_{session}_0")
+                    fields.append(f)
+                    tags.append(t)
+        await tq.async_kv_batch_put(
+            keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags
+        )
+        await tq.async_kv_batch_put(
+            keys=uids, partition_id=partition, tags=[{"status": "finished"}] * len(uids)
         )
