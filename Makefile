@@ -54,8 +54,9 @@ lint: install
 	$(VENV)/bin/ruff format --check libs services cli tests examples
 	$(VENV)/bin/mypy libs/loom services cli/loom_cli
 
+# The slowest tests are listed at the end, so that CI's log shows where its minutes go.
 test: lint
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra --durations=30
 
 unit: install
 	$(VENV)/bin/pytest -q -ra tests/unit
