@@ -39,11 +39,14 @@ class LoopContext:
 CONTEXT_FULL = "max_context"
 
 
-async def context_room(ctx: LoopContext, work: TrajWork, context_len: int) -> int | None:
+async def context_room(
+    ctx: LoopContext, work: TrajWork, context_len: int, scored: bool = False
+) -> int | None:
     """Tokens the next call of a trajectory whose context is ``context_len`` long may generate within the
-    engines' context limit (both vLLM and SGLang refuse a prompt that leaves no room), None when unbounded."""
+    engines' context limit (both vLLM and SGLang refuse a prompt that leaves no room), None when unbounded. A
+    ``scored`` (forced) reply goes to the engine as part of the prompt, with one token to sample after it."""
     limit = await ctx.limits.of(work.model) if ctx.limits is not None else None
-    return None if limit is None else limit - context_len
+    return None if limit is None else limit - context_len - scored
 
 
 def trajectory(

@@ -118,7 +118,7 @@ async def _episode(
         scripted = tok.encode(script[k], disallowed_special=()) if script is not None else None
         whole = scripted
         want = len(scripted) if scripted is not None else min(budget, work.max_turn_tokens or budget)
-        room = await context_room(ctx, work, len(ids))
+        room = await context_room(ctx, work, len(ids), scored=scripted is not None)
         if room is not None:
             if room < 1:
                 return steps, CONTEXT_FULL

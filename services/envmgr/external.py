@@ -143,6 +143,7 @@ class Session:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     failure: BaseException | None = None
     reward: float | None = None
+    spent: str | None = None  # the budget a call was refused for having run out: max_turns or max_tokens
 
     async def on_msg(self, msg: Msg) -> None:
         self.busy = True
@@ -208,9 +209,11 @@ class Session:
             raise CallError(400, str(req.unsupported()))
         calls = len(self.steps) + (self.pending is not None)
         if calls >= self.work.max_turns:
+            self.spent = "max_turns"
             raise CallError(400, f"the job's max_turns ({self.work.max_turns}) are spent: finish the session")
         left = self.work.max_tokens - self.generated
         if left <= 0:
+            self.spent = "max_tokens"
             raise CallError(
                 400, f"the job's max_tokens ({self.work.max_tokens}) are spent: finish the session"
             )

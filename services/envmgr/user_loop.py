@@ -178,7 +178,7 @@ async def _episode(
         if budget <= 0:
             return steps, "max_tokens", rewards, info
         want = min(budget, work.max_turn_tokens or budget)
-        room = await context_room(ctx, work, len(ids))
+        room = await context_room(ctx, work, len(ids), scored=work.scripted)
         if room is not None:
             if room < 1:
                 return steps, CONTEXT_FULL, rewards, info

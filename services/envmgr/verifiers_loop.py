@@ -25,7 +25,7 @@ from loom.envs.adapters import verifiers as adapter
 from loom.protocol import Trajectory, TrajWork, encode
 from loom.protocol.sessions import BadRequest, ChatRequest, CompletionRequest, SessionCall, read_request
 from loom.text import openai_api
-from services.envmgr.context import LoopContext, trajectory
+from services.envmgr.context import CONTEXT_FULL, LoopContext, trajectory
 from services.envmgr.external import Session
 
 # The base URL of the in-process client: nothing listens there, the transport answers.
@@ -85,8 +85,17 @@ async def run_verifiers(work: TrajWork, ctx: LoopContext) -> Trajectory:
         state = await env.rollout(record, client, work.model, sampling)
         if session.failure is not None:
             raise session.failure
-        if state.get("error") is not None:
+        # The rollout ends on an error where a budget ran out: verifiers reads the context limit's 400 as an
+        # overlong prompt, and a spent budget's as the model's error. Either ends the trajectory as the other
+        # loops end it; any other error fails it.
+        if state.get("prompt_too_long"):
+            finish = CONTEXT_FULL
+        elif session.spent is not None:
+            finish = session.spent
+        elif state.get("error") is not None:
             raise LibraryError(f"{work.env}: the rollout failed: {state['error']!r}")
+        else:
+            finish = "finished"
         await env.rubric.score_rollout(state)
     finally:
         session.cancel_prediction()
@@ -100,4 +109,4 @@ async def run_verifiers(work: TrajWork, ctx: LoopContext) -> Trajectory:
         "stop_condition": state.get("stop_condition"),
     }
     info = {"verdict": verdict, "rebased_steps": sum(s.rebased for s in session.steps), "sandbox": "none"}
-    return trajectory(work, "completed", "finished", session.steps, started, ctx.clock.now(), info)
+    return trajectory(work, "completed", finish, session.steps, started, ctx.clock.now(), info)

@@ -26,11 +26,15 @@ class SpecError(ValueError):
 def check_context(spec: JobSpec, workers: Iterable[WorkerInfo]) -> None:
     """SpecError when the job's token budget or one call's is past the context every live worker serving its
     model takes (vLLM's max_model_len, SGLang's context length): a trajectory's context holds all it generated,
-    so such a budget can never be spent. Nothing is checked while no worker says."""
+    so such a budget can never be spent (an agent's, which may start afresh, is bounded per call only). Nothing
+    is checked while no worker says."""
     limit = context_limit(workers, spec.model)
     if limit is None:
         return
-    for field, value in (("max_tokens", spec.max_tokens), ("max_turn_tokens", spec.max_turn_tokens)):
+    budgets = [("max_tokens", spec.max_tokens), ("max_turn_tokens", spec.max_turn_tokens)]
+    if registry.resolve(spec.env).loop in ("external", "verifiers"):
+        budgets = budgets[1:]  # an agent's calls need not share one context: it may start afresh
+    for field, value in budgets:
         if value is not None and value > limit:
             raise SpecError(
                 [field],

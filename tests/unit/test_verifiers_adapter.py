@@ -5,6 +5,7 @@ installed, arguments the environment refuses."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -58,3 +59,16 @@ def test_without_verifiers_installed_a_job_naming_one_is_refused() -> None:
     )
     assert out.stdout.startswith("SpecError ['env']"), out.stdout + out.stderr
     assert "pip install 'loom[verifiers]'" in out.stdout
+
+
+def test_loading_an_environment_leaves_the_service_s_signal_handlers() -> None:
+    """A verifiers Environment takes SIGINT and SIGTERM as it is built; the service's own (which drain it) stay."""
+    pytest.importorskip("verifiers")
+    from loom.envs.adapters import verifiers as adapter
+
+    def handlers() -> dict[int, object]:
+        return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    before = handlers()
+    adapter.load("vf-calc", {"n": 5, "max_turns": 2})  # arguments no other test loads with: built here
+    assert handlers() == before

@@ -9,6 +9,18 @@ from typing import Literal, Protocol
 
 from loom.weights import Incoming
 
+# The sampling fields beyond temperature and top_p, each at the value that leaves the distribution as it is. An
+# engine client sends them all explicitly (a server fills what a request leaves out from its own defaults, e.g. a
+# checkpoint's generation_config), so that what is sampled is what Loom records: the distribution at the
+# request's temperature and top_p.
+NEUTRAL_SAMPLING: dict[str, float] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
 
 @dataclass(frozen=True)
 class EngineInfo:

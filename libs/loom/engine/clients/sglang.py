@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.base import NEUTRAL_SAMPLING, EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.clients.http import BROADCAST, HTTPEngine, max_model_len
 from loom.engine.token_ids import ContextIds
 from loom.protocol import WeightsRef
@@ -43,16 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Summed over label sets, one per DP rank: right for counts and throughput; the hit rate assumes one rank.
-# Every field that shapes the sampling distribution, neutral and sent explicitly: SGLang's /generate merges a
-# server's --preferred-sampling-params under the request's, and Loom records the distribution at the request's
-# temperature and top_p alone. SGLang disables top_k with -1 only (0 is refused).
-NEUTRAL = {
-    "top_k": -1,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
+# SGLang disables top_k with -1 only (0 is refused); its /generate fills a field left out from the server's
+# --preferred-sampling-params.
+NEUTRAL = {**NEUTRAL_SAMPLING, "top_k": -1}
 _METRICS = (
     "sglang:num_running_reqs",
     "sglang:num_queue_reqs",

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest
+from loom.engine.base import NEUTRAL_SAMPLING, EngineInfo, EngineLoad, EngineOutput, EngineRequest
 from loom.engine.clients.http import BROADCAST, HTTPEngine, max_model_len
 from loom.engine.token_ids import QWEN3_ORDINARY, ContextIds
 from loom.protocol import WeightsRef
@@ -89,16 +89,6 @@ _METRICS = (
     "vllm:prefix_cache_queries_total",
     "vllm:num_preemptions_total",
 )
-# Every field that shapes the sampling distribution, neutral and sent explicitly: vLLM fills each one a request
-# leaves out from the checkpoint's generation_config (--generation-config auto, its default; Qwen3's sets top_k
-# 20, top_p 0.95), and Loom records the distribution at the request's temperature and top_p alone.
-NEUTRAL = {
-    "top_k": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
 _TOKEN_ID = "token_id:"  # return_tokens_as_token_ids names tokens so (generate/base/serving.py)
 
 
@@ -109,6 +99,10 @@ class VLLMError(RuntimeError):
 
 class WeightUpdateError(VLLMError):
     """vLLM could not reload a checkpoint."""
+
+
+# What a request whose connection abort() closed answers: aborted, with nothing to show and no timings.
+CUT: dict[str, Any] = {"choices": [{"index": 0, "finish_reason": "abort", "token_ids": []}]}
 
 
 def engine_rid(rid: str) -> str:
@@ -172,10 +166,10 @@ class VLLMEngine(HTTPEngine):
     async def abort(self, rid: str) -> bool:
         if rid not in self._inflight:
             return False
-        await self._abort_wire([rid])
         post = self._posts.get(rid)
-        if post is not None:
+        if post is not None:  # first: the cut-off holds even where /abort_requests fails
             asyncio.get_running_loop().call_later(self.abort_grace_s, self._cut_off, rid, post)
+        await self._abort_wire([rid])
         return True
 
     def _cut_off(self, rid: str, post: asyncio.Task[Any]) -> None:
@@ -270,7 +264,7 @@ class VLLMEngine(HTTPEngine):
             "max_tokens": max(1, req.max_new_tokens),
             "temperature": req.temperature,
             "top_p": req.top_p,
-            **NEUTRAL,
+            **NEUTRAL_SAMPLING,  # vLLM fills a field left out from generation_config (Qwen3's: top_k 20)
             "ignore_eos": req.ignore_eos,
             "request_id": req.rid,
             "return_token_ids": True,
@@ -356,8 +350,7 @@ class VLLMEngine(HTTPEngine):
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if rid in self._cut and me is not None and not me.cancelling():
-                # Cut off by abort(): an aborted request with nothing to show.
-                return {"choices": [{"index": 0, "finish_reason": "abort", "token_ids": []}]}
+                return CUT  # cut off by abort()
             # vLLM also aborts a request whose connection closes, but only once it notices the disconnect.
             with contextlib.suppress(VLLMError, ValueError, TimeoutError):
                 async with asyncio.timeout(5):
@@ -509,7 +502,7 @@ class VLLMEngine(HTTPEngine):
     def _phases(self, answer: dict[str, Any]) -> tuple[float, float, float]:
         """Queue, prefill and decode seconds from the response's per-request metrics."""
         metrics = answer.get("metrics") or {}
-        if "queue_time_ms" not in metrics:
+        if "queue_time_ms" not in metrics and answer is not CUT:
             self._warn_once(
                 "metrics", "%s sends no per-request timings: start vLLM with --enable-per-request-metrics"
             )
@@ -522,9 +515,11 @@ class VLLMEngine(HTTPEngine):
     def _cached(self, answer: dict[str, Any]) -> int:
         details = (answer.get("usage") or {}).get("prompt_tokens_details")
         if details is None:
-            self._warn_once(
-                "cached", "%s sends no cached-token counts: start vLLM with --enable-prompt-tokens-details"
-            )
+            if answer is not CUT:
+                self._warn_once(
+                    "cached",
+                    "%s sends no cached-token counts: start vLLM with --enable-prompt-tokens-details",
+                )
             return 0
         return int(details.get("cached_tokens") or 0)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,10 +65,16 @@ def _load(env_id: str, key: str) -> Any:
         raise UnknownName(
             f"no verifiers environment {env_id!r}: module {module_of(env_id)!r} is not installed ({e})"
         ) from e
+    # A verifiers Environment takes SIGINT and SIGTERM as it is built (to tear itself down and exit): the
+    # service's own handlers, which drain it, are put back.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return vf.load_environment(env_id, **json.loads(key))
-    except (TypeError, ValueError, RuntimeError) as e:  # verifiers wraps what load_environment raised
+    except Exception as e:  # verifiers wraps some of what load_environment raised; any of it is the job's
         raise BadParams(f"verifiers environment {env_id!r} could not be loaded: {e}") from e
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def _rows(env_id: str, params: Mapping[str, Any]) -> Any:

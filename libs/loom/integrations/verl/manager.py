@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import transfer_queue as tq
 from tensordict import TensorDict
 from verl import DataProto
 from verl.utils.ray_utils import auto_await
@@ -149,9 +148,33 @@ class LoomAgentLoopManager:
         if any(greedy) and not validate:
             raise NotImplementedError("greedy baseline rows (REMAX) in a Loom job: use another estimator")
         uids = [str(row["uid"]) for row in rows]
+        # verl's v1 trainer alone reads TransferQueue (an extra of verl's): the classic one needs none of it.
+        import transfer_queue as tq
+
         await tq.async_kv_batch_put(
             keys=uids, partition_id=partition, tags=[{"status": "running"}] * len(uids)
         )
+        try:
+            keys, fields, tags = await self._samples(batch, rows, sizes, sampling)
+        except BaseException:
+            # As verl's own worker marks a prompt whose sessions failed: its replay buffer stops waiting for it.
+            await tq.async_kv_batch_put(
+                keys=uids, partition_id=partition, tags=[{"status": "failure"}] * len(uids)
+            )
+            raise
+        await tq.async_kv_batch_put(
+            keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags
+        )
+        await tq.async_kv_batch_put(
+            keys=uids, partition_id=partition, tags=[{"status": "finished"}] * len(uids)
+        )
+
+    async def _samples(
+        self, batch: TensorDict, rows: list[dict[str, Any]], sizes: list[int], sampling: Any
+    ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+        """The batch's samples as TransferQueue keys, fields and tags: one Loom job per group size."""
+        validate = bool(batch["validate"]) if "validate" in batch else False
+        uids = [str(row["uid"]) for row in rows]
         # A Loom job has one group size: prompts asking for different numbers of samples are a job each.
         jobs: dict[int, list[int]] = {}
         for i, n in enumerate(sizes):
@@ -167,7 +190,10 @@ class LoomAgentLoopManager:
         async with connect(self.loom.url, self.loom.api_token()) as http:
             if self.weights is not None:
                 await self.weights.sync(http)
-            results = await asyncio.gather(*(run_job(http, spec, self.loom.timeout_s) for spec in specs))
+            # A job that fails stops the others: the step fails as a whole.
+            async with asyncio.TaskGroup() as group:
+                runs = [group.create_task(run_job(http, spec, self.loom.timeout_s)) for spec in specs]
+            results = [r.result() for r in runs]
         seconds = time.perf_counter() - start
         prompt_length = int(self.rollout.prompt_length)
         keys, fields, tags = [], [], []
@@ -179,9 +205,4 @@ class LoomAgentLoopManager:
                     keys.append(f"{uids[i]}_{session}_0")
                     fields.append(f)
                     tags.append(t)
-        await tq.async_kv_batch_put(
-            keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags
-        )
-        await tq.async_kv_batch_put(
-            keys=uids, partition_id=partition, tags=[{"status": "finished"}] * len(uids)
-        )
+        return keys, fields, tags

@@ -50,7 +50,8 @@ def record(
     mask = torch.tensor(s.response_mask, dtype=torch.int64)
     # Loom's reward at the last token: verl takes rm_scores as the reward and scores nothing again.
     scores = torch.zeros(len(s.response_ids), dtype=torch.float32)
-    scores[-1] = s.score
+    if len(scores):
+        scores[-1] = s.score
     input_ids = torch.cat([prompts, responses])
     fields = {
         "prompts": prompts,
