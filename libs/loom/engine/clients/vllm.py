@@ -121,7 +121,7 @@ class VLLMEngine(HTTPEngine):
     served_model = ""
     # How long an aborted request may keep running before its connection is closed: /abort_requests finds only
     # a request the engine has registered, not one still being prepared nor one a proxy renamed (X-Request-Id).
-    abort_grace_s = 2.0
+    abort_grace_s = 5.0
 
     def __init__(
         self,

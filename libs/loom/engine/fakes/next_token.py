@@ -23,13 +23,14 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from loom.engine.token_ids import QWEN3_ORDINARY, ids_key, synth_ids
 
 CANDIDATES = 64
 SPREAD = 3.0
 BACKGROUND = -8.0
-SUPPORT = 4096  # candidates are drawn from this many ids, so that contexts recur and their tables are reused
+SUPPORT = 1024  # candidates are drawn from this many ids, so that contexts recur and their tables are reused
 _UNIT = 2.0**-32
 _REST = math.log(QWEN3_ORDINARY - CANDIDATES)  # the background's tokens, taken as one entry of that many
 
@@ -51,19 +52,19 @@ class Sampling:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """One sampled token: its log-prob under the raw distribution (vLLM's ``raw_logprobs``), under the penalised
     distribution at the temperature (SGLang's), and under the one it was drawn from (vLLM's
-    ``processed_logprobs``), with the ``top`` alternatives of each, best first."""
+    ``processed_logprobs``), with the ``top`` alternatives of each, best first. (A tuple: a long output is
+    hundreds of thousands of them, drawn while the server answers.)"""
 
     token: int
     raw: float
     scaled: float
     processed: float
-    top_raw: list[tuple[int, float]]
-    top_scaled: list[tuple[int, float]]
-    top_processed: list[tuple[int, float]]
+    top_raw: Sequence[tuple[int, float]] = ()
+    top_scaled: Sequence[tuple[int, float]] = ()
+    top_processed: Sequence[tuple[int, float]] = ()
 
 
 def candidates(prev: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
@@ -112,28 +113,54 @@ class _Table:
     background: tuple[float, float, float] | None  # raw, scaled, processed log-prob of one background token
     bg_raw: float
     bg_scaled: float
+    # Each distribution's alternatives, best first, as (id, log-prob): a draw's top-k is a slice of them.
+    top_raw: tuple[tuple[int, float], ...]
+    top_scaled: tuple[tuple[int, float], ...]
+    top_processed: tuple[tuple[int, float], ...]
 
 
 def sample(prompt: Sequence[int], n: int, sampling: Sampling, seed: str, top: int = 0) -> list[Step]:
     """``n`` tokens after ``prompt`` drawn under ``sampling``, each by a uniform that is a hash of ``seed`` and
     the position, so that one seed gives one continuation."""
-    seen = set(prompt) if sampling.penalised else set()
+    prev = prompt[-1] if prompt else 0
+    words = synth_ids(seed, 2 * n, vocab=2**32)
+    if sampling.penalised:
+        return _penalised_sample(prompt, n, sampling, words, top)
+    steps: list[Step] = []
+    tables: dict[int, _Table] = {}  # this sampling's, without hashing it again at every step
+    bisect_right = bisect.bisect_right
+    for i in range(n):
+        context = prev % SUPPORT
+        t = tables.get(context)
+        if t is None:
+            t = tables[context] = _table(context, sampling)
+        j = bisect_right(t.cdf, (words[2 * i] + 0.5) * _UNIT)
+        if top:
+            step = _draw(t, (words[2 * i] + 0.5) * _UNIT, (words[2 * i + 1] + 0.5) * _UNIT, top)
+        elif j < len(t.cdf) or t.background is None:
+            j = min(j, len(t.cdf) - 1)
+            step = Step(t.ids[j], t.raw[j], t.scaled[j], t.processed[j])
+        else:
+            step = Step(_background_token(t.ids, (words[2 * i + 1] + 0.5) * _UNIT), *t.background)
+        steps.append(step)
+        prev = step.token
+    return steps
+
+
+def _penalised_sample(
+    prompt: Sequence[int], n: int, sampling: Sampling, words: Sequence[int], top: int
+) -> list[Step]:
+    """``sample`` where penalties move the logits by what was seen: a table of its own at every step."""
+    seen = set(prompt)
     counts: Counter[int] = Counter()
     prev = prompt[-1] if prompt else 0
     steps: list[Step] = []
-    uniforms = [(w + 0.5) * _UNIT for w in synth_ids(seed, 2 * n, vocab=2**32)]
-    tables: dict[int, _Table] = {}  # this sampling's, without hashing it again at every step
     for i in range(n):
-        if sampling.penalised:
-            table = _penalised_table(prev, sampling, seen, counts)
-        else:
-            context = prev % SUPPORT
-            table = tables.get(context) or tables.setdefault(context, _table(context, sampling))
-        step = _draw(table, uniforms[2 * i], uniforms[2 * i + 1], top)
+        table = _penalised_table(prev, sampling, seen, counts)
+        step = _draw(table, (words[2 * i] + 0.5) * _UNIT, (words[2 * i + 1] + 0.5) * _UNIT, top)
         steps.append(step)
-        if sampling.penalised:
-            seen.add(step.token)
-            counts[step.token] += 1
+        seen.add(step.token)
+        counts[step.token] += 1
         prev = step.token
     return steps
 
@@ -171,15 +198,21 @@ def _build(ids: tuple[int, ...], raw: tuple[float, ...], logits: tuple[float, ..
     for lg in scaled[:kept]:
         acc += math.exp(lg - z_kept)
         cdf.append(acc)
+    raw_lps = tuple(lg - z_raw for lg in raw)
+    scaled_lps = tuple(lg - z_scaled for lg in scaled)
+    processed = tuple(lg - z_kept for lg in scaled[:kept])
     return _Table(
         ids=ids,
-        raw=tuple(lg - z_raw for lg in raw),
-        scaled=tuple(lg - z_scaled for lg in scaled),
-        processed=tuple(lg - z_kept for lg in scaled[:kept]),
+        raw=raw_lps,
+        scaled=scaled_lps,
+        processed=processed,
         cdf=tuple(cdf),
         background=(BACKGROUND - z_raw, background - z_scaled, background - z_kept) if bg else None,
         bg_raw=BACKGROUND - z_raw,
         bg_scaled=background - z_scaled,
+        top_raw=tuple(sorted(zip(ids, raw_lps, strict=True), key=lambda e: -e[1])),
+        top_scaled=tuple(zip(ids, scaled_lps, strict=True)),
+        top_processed=tuple(zip(ids, processed, strict=False)),
     )
 
 
@@ -192,12 +225,8 @@ def _draw(t: _Table, u: float, u_background: float, top: int) -> Step:
         token = _background_token(t.ids, u_background)
         raw, scaled, processed = t.background
     if not top:
-        return Step(token, raw, scaled, processed, [], [], [])
-    by_raw = sorted(zip(t.ids, t.raw, strict=True), key=lambda e: -e[1])[:top]
-    scaled_top = list(zip(t.ids[:top], t.scaled[:top], strict=False))
-    return Step(
-        token, raw, scaled, processed, by_raw, scaled_top, list(zip(t.ids, t.processed[:top], strict=False))
-    )
+        return Step(token, raw, scaled, processed)
+    return Step(token, raw, scaled, processed, t.top_raw[:top], t.top_scaled[:top], t.top_processed[:top])
 
 
 def _truncate(logprobs: list[float], background: float, s: Sampling, greedy: bool) -> tuple[int, bool]:
