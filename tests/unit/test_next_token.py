@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.engine.fakes.next_token import BACKGROUND, CANDIDATES, Sampling, _table, candidates, sample
+from loom.engine.fakes.next_token import BACKGROUND, CANDIDATES, SUPPORT, Sampling, _table, candidates, sample
 from loom.engine.token_ids import QWEN3_ORDINARY
 
 samplings = st.builds(
@@ -54,7 +54,7 @@ def _brute(prev: int, s: Sampling) -> np.ndarray:
 @settings(max_examples=60, deadline=None)
 @given(prev=st.integers(0, QWEN3_ORDINARY - 1), s=samplings)
 def test_the_processed_distribution_is_the_brute_force_one(prev: int, s: Sampling) -> None:
-    table = _table(prev % 4096, s)
+    table = _table(prev % SUPPORT, s)
     brute = _brute(prev, s)
     for t, lp in zip(table.ids, table.processed, strict=False):
         assert math.isclose(math.exp(lp), brute[t], rel_tol=1e-6)

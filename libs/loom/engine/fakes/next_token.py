@@ -2,7 +2,7 @@
 reports as a token's log-prob can be checked against the distribution a trainer would compute.
 
 The model is a bigram over Qwen3's ordinary vocabulary: after token ``p``, ``CANDIDATES`` tokens drawn from a hash
-of ``p`` (among the first ``SUPPORT`` ids) carry logits in [0, ``SPREAD``], and every other token the logit
+of ``p`` (among ``SUPPORT`` ids spread over the vocabulary) carry logits in [0, ``SPREAD``], and every other token the logit
 ``BACKGROUND``, so the normaliser is known in closed form, whatever the vocabulary, and a context's table under one
 sampling is built once. On top of it each step applies
 what a request's sampling fields do in vLLM's sampler, in its order: the repetition penalty over the prompt's
@@ -73,14 +73,27 @@ def candidates(prev: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
     return _candidates(prev % SUPPORT)
 
 
+@functools.cache
+def _support() -> tuple[int, ...]:
+    """The ids candidates are drawn from: spread over the whole vocabulary (the first ids are mostly single
+    characters and punctuation, which read as no text a model writes)."""
+    ids: dict[int, None] = {}
+    draw = 0
+    while len(ids) < SUPPORT:
+        ids.update(dict.fromkeys(synth_ids(f"lm/support/{draw}", SUPPORT, vocab=QWEN3_ORDINARY)))
+        draw += 1
+    return tuple(ids)[:SUPPORT]
+
+
 @functools.lru_cache(maxsize=SUPPORT)
 def _candidates(prev: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
+    support = _support()
     ids: list[int] = []
     draw = 0
     while len(ids) < CANDIDATES:
-        for t in synth_ids(f"lm/{prev}/{draw}", CANDIDATES, vocab=SUPPORT):
-            if t not in ids and len(ids) < CANDIDATES:
-                ids.append(t)
+        for k in synth_ids(f"lm/{prev}/{draw}", CANDIDATES, vocab=SUPPORT):
+            if support[k] not in ids and len(ids) < CANDIDATES:
+                ids.append(support[k])
         draw += 1
     words = synth_ids(f"lm/{prev}/logits", CANDIDATES, vocab=2**32)
     ranked = sorted(zip(ids, (SPREAD * w * _UNIT for w in words), strict=True), key=lambda e: -e[1])
