@@ -265,12 +265,21 @@ def test_a_verifiers_environment_runs_unchanged_through_the_gateway(loom_up: Loo
         t, state = trajs[p["traj_id"]], p["state"]
         assert t["reward"] == pytest.approx(state["reward"])
         _every_step_has_ids_and_logprobs(t)
-        # verifiers recorded each call's tokens from Loom's replies: the ids and log-probs of Loom's steps.
-        assert len(state["trajectory"]) == len(t["steps"])
+        # Random replies neither call a tool nor answer: the environment asks again until its 4 turns are spent.
+        assert (
+            len(state["trajectory"]) == len(t["steps"]) == 4
+            and state["stop_condition"] == "max_turns_reached"
+        )
+        # verifiers recorded each call's tokens from Loom's replies: each prompt the whole context Loom had built
+        # (the earlier replies' ids as generated, then the new messages'), the ids and log-probs Loom's steps hold.
+        context: list[int] = []
         for vf_step, step in zip(state["trajectory"], t["steps"], strict=True):
             tokens = vf_step["tokens"]
+            context += step["prompt_ids"]
+            assert tokens["prompt_ids"] == context
             assert tokens["completion_ids"] == step["output_ids"]
             assert tokens["completion_logprobs"] == pytest.approx(step["output_logprobs"])
+            context += step["output_ids"]
         assert '"name": "add"' in chat.decode(t["steps"][0]["prompt_ids"])  # the tools, in Qwen3's template
 
 
@@ -303,10 +312,11 @@ def test_a_verifiers_job_runs_the_environment_in_loom(loom_up: LoomUp, tmp_path:
         assert t["status"] == "completed", t
         _every_step_has_ids_and_logprobs(t)
         verdict = t["info"]["verdict"]
-        assert t["reward"] == pytest.approx(verdict["score"]) and "tool_gave_answer" in verdict["metrics"], (
+        assert t["reward"] == pytest.approx(verdict["score"]) and "right_answer" in verdict["metrics"], (
             verdict
         )
-        assert verdict["stop_condition"], verdict
+        # Asked again after every reply, the rollout spends its 4 turns: each a step of the trajectory.
+        assert verdict["stop_condition"] == "max_turns_reached" and len(t["steps"]) == 4, verdict
 
 
 def test_verifiers_training_client_gets_tokens_from_the_tokens_route(loom_up: LoomUp) -> None:
