@@ -115,7 +115,9 @@ def add_gateway_routes(
             except NatsTimeout:
                 return SessionReply(504, openai_api.error(504, "the session did not answer in time"))
 
-    async def generate(request: Request, sid: str, typ: type[ChatRequest | CompletionRequest]) -> Response:
+    async def generate(
+        request: Request, sid: str, typ: type[ChatRequest | CompletionRequest | GenerateRequest]
+    ) -> Response:
         found = session_job(request, sid)
         if isinstance(found, JSONResponse):
             return found
@@ -124,9 +126,11 @@ def add_gateway_routes(
             return req
         if isinstance(req, ChatRequest):
             reply = await call(*found, SessionCall("chat", chat=req))
-        else:
+        elif isinstance(req, CompletionRequest):
             reply = await call(*found, SessionCall("completion", completion=req))
-        if reply.status != 200 or not req.stream:
+        else:
+            reply = await call(*found, SessionCall("generate", generate=req))
+        if reply.status != 200 or isinstance(req, GenerateRequest) or not req.stream:
             return JSONResponse(status_code=reply.status, content=reply.body)
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(openai_api.chunks(reply.body, usage)), media_type="text/event-stream")
@@ -190,14 +194,7 @@ def add_gateway_routes(
     async def generate_tokens(request: Request, sid: str) -> Response:
         """vLLM's token-in, token-out generate on the session's trajectory (at the server's root, beside the OpenAI
         base URL, as vLLM mounts it): prompt ids in, output ids and log-probs out."""
-        found = session_job(request, sid)
-        if isinstance(found, JSONResponse):
-            return found
-        req = read(await request.body(), GenerateRequest)
-        if isinstance(req, JSONResponse):
-            return req
-        reply = await call(*found, SessionCall("generate", generate=req))
-        return JSONResponse(status_code=reply.status, content=reply.body)
+        return await generate(request, sid, GenerateRequest)
 
     @app.get("/v1/sessions/{sid}/v1/models", responses=answers(404, schema=OPENAI_ERROR))
     async def models(request: Request, sid: str) -> Response:
