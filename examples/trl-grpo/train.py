@@ -195,6 +195,9 @@ def main() -> None:
             raise SystemExit("the main process could not start Loom")
         mine = train(url, token, start, args, out)
     everyone = gather_object([mine]) if state.num_processes > 1 else [mine]
+    # The process group goes before the interpreter does: gloo's threads, left to its exit, abort the process
+    # ("terminate called without an active exception") once in a while.
+    state.destroy_process_group()
     if main_process:
         r = report(everyone, state.num_processes, out)
         print(json.dumps(r) if args.json else json.dumps(r, indent=2), flush=True)
