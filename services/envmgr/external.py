@@ -448,6 +448,19 @@ class Session:
             )
         )
 
+    def trajectory(self, started: float, finish: str = "finished", **verdict: Any) -> Trajectory:
+        """The session's trajectory once it ended: its steps, and the reward it was finished with (``given``:
+        else the job's reward function scores it), beside what else the ``verdict`` says."""
+        given: dict[str, Any] = {"given": self.reward is not None}
+        if self.reward is not None:
+            given["score"] = self.reward
+        info = {
+            "verdict": {**given, **verdict},
+            "rebased_steps": sum(s.rebased for s in self.steps),
+            "sandbox": "none",
+        }
+        return trajectory(self.work, "completed", finish, self.steps, started, self.ctx.clock.now(), info)
+
     def cancel_prediction(self) -> None:
         if self.pending is not None and self.pending.prediction is not None:
             self.pending.prediction.cancel()
@@ -491,16 +504,4 @@ async def run_external(work: TrajWork, ctx: LoopContext) -> Trajectory:
         session.cancel_prediction()
     if session.failure is not None:
         raise session.failure
-    verdict: dict[str, Any] = {"given": session.reward is not None}
-    if session.reward is not None:
-        verdict["score"] = session.reward
-    rebased = sum(s.rebased for s in session.steps)
-    return trajectory(
-        work,
-        "completed",
-        "finished",
-        session.steps,
-        started,
-        ctx.clock.now(),
-        {"verdict": verdict, "rebased_steps": rebased, "sandbox": "none"},
-    )
+    return session.trajectory(started)

@@ -25,7 +25,7 @@ from loom.envs.adapters import verifiers as adapter
 from loom.protocol import Trajectory, TrajWork, encode
 from loom.protocol.sessions import BadRequest, ChatRequest, CompletionRequest, SessionCall, read_request
 from loom.text import openai_api
-from services.envmgr.context import CONTEXT_FULL, LoopContext, trajectory
+from services.envmgr.context import CONTEXT_FULL, LoopContext
 from services.envmgr.external import Session
 
 # The base URL of the in-process client: nothing listens there, the transport answers.
@@ -100,13 +100,6 @@ async def run_verifiers(work: TrajWork, ctx: LoopContext) -> Trajectory:
     finally:
         session.cancel_prediction()
         await http.aclose()
-    reward = float(state["reward"])
-    session.finish(reward)
-    verdict = {
-        "given": True,
-        "score": reward,
-        "metrics": {k: float(v) for k, v in (state.get("metrics") or {}).items()},
-        "stop_condition": state.get("stop_condition"),
-    }
-    info = {"verdict": verdict, "rebased_steps": sum(s.rebased for s in session.steps), "sandbox": "none"}
-    return trajectory(work, "completed", finish, session.steps, started, ctx.clock.now(), info)
+    session.finish(float(state["reward"]))
+    metrics = {k: float(v) for k, v in (state.get("metrics") or {}).items()}
+    return session.trajectory(started, finish, metrics=metrics, stop_condition=state.get("stop_condition"))
