@@ -137,43 +137,24 @@ def sample(prompt: Sequence[int], n: int, sampling: Sampling, seed: str, top: in
     the position, so that one seed gives one continuation."""
     prev = prompt[-1] if prompt else 0
     words = synth_ids(seed, 2 * n, vocab=2**32)
-    if sampling.penalised:
-        return _penalised_sample(prompt, n, sampling, words, top)
-    steps: list[Step] = []
-    tables: dict[int, _Table] = {}  # this sampling's, without hashing it again at every step
-    bisect_right = bisect.bisect_right
-    for i in range(n):
-        context = prev % SUPPORT
-        t = tables.get(context)
-        if t is None:
-            t = tables[context] = _table(context, sampling)
-        j = bisect_right(t.cdf, (words[2 * i] + 0.5) * _UNIT)
-        if top:
-            step = _draw(t, (words[2 * i] + 0.5) * _UNIT, (words[2 * i + 1] + 0.5) * _UNIT, top)
-        elif j < len(t.cdf) or t.background is None:
-            j = min(j, len(t.cdf) - 1)
-            step = Step(t.ids[j], t.raw[j], t.scaled[j], t.processed[j])
-        else:
-            step = Step(_background_token(t.ids, (words[2 * i + 1] + 0.5) * _UNIT), *t.background)
-        steps.append(step)
-        prev = step.token
-    return steps
-
-
-def _penalised_sample(
-    prompt: Sequence[int], n: int, sampling: Sampling, words: Sequence[int], top: int
-) -> list[Step]:
-    """``sample`` where penalties move the logits by what was seen: a table of its own at every step."""
-    seen = set(prompt)
+    # Penalties move the logits by what was seen, so each step gets a table of its own; without them a
+    # context's table is built once (and looked up here without hashing the sampling again).
+    seen = set(prompt) if sampling.penalised else None
     counts: Counter[int] = Counter()
-    prev = prompt[-1] if prompt else 0
+    tables: dict[int, _Table] = {}
     steps: list[Step] = []
     for i in range(n):
-        table = _penalised_table(prev, sampling, seen, counts)
-        step = _draw(table, (words[2 * i] + 0.5) * _UNIT, (words[2 * i + 1] + 0.5) * _UNIT, top)
+        if seen is not None:
+            t = _penalised_table(prev, sampling, seen, counts)
+        else:
+            t = tables.get(prev % SUPPORT) or tables.setdefault(
+                prev % SUPPORT, _table(prev % SUPPORT, sampling)
+            )
+        step = _draw(t, (words[2 * i] + 0.5) * _UNIT, (words[2 * i + 1] + 0.5) * _UNIT, top)
         steps.append(step)
-        seen.add(step.token)
-        counts[step.token] += 1
+        if seen is not None:
+            seen.add(step.token)
+            counts[step.token] += 1
         prev = step.token
     return steps
 
