@@ -133,7 +133,6 @@ class VLLMEngine(HTTPEngine):
     ) -> None:
         super().__init__(url, model, gpu, poll_s, vocab)
         self._posts: dict[str, asyncio.Task[Any]] = {}  # each completion's call, by Loom's request id
-        self._cut: set[str] = set()  # requests whose connection abort() closed
 
     async def _handshake(self) -> None:
         models = await self._json("GET", "/v1/models")
@@ -164,11 +163,11 @@ class VLLMEngine(HTTPEngine):
         return out
 
     async def abort(self, rid: str) -> bool:
-        if rid not in self._inflight:
-            return False
         post = self._posts.get(rid)
-        if post is not None:  # first: the cut-off holds even where /abort_requests fails
-            asyncio.get_running_loop().call_later(self.abort_grace_s, self._cut_off, rid, post)
+        if post is None:
+            return False
+        # First: the cut-off holds even where /abort_requests fails.
+        asyncio.get_running_loop().call_later(self.abort_grace_s, self._cut_off, rid, post)
         await self._abort_wire([rid])
         return True
 
@@ -182,7 +181,6 @@ class VLLMEngine(HTTPEngine):
                 rid,
                 self.abort_grace_s,
             )
-            self._cut.add(rid)
             post.cancel()
 
     async def commit_weights(self, version: str) -> None:
@@ -349,8 +347,9 @@ class VLLMEngine(HTTPEngine):
             answer = await post
         except asyncio.CancelledError:
             me = asyncio.current_task()
-            if rid in self._cut and me is not None and not me.cancelling():
-                return CUT  # cut off by abort()
+            # The call was cancelled and this task was not: only _cut_off does that.
+            if post.cancelled() and me is not None and not me.cancelling():
+                return CUT
             # vLLM also aborts a request whose connection closes, but only once it notices the disconnect.
             with contextlib.suppress(VLLMError, ValueError, TimeoutError):
                 async with asyncio.timeout(5):
@@ -358,7 +357,6 @@ class VLLMEngine(HTTPEngine):
             raise
         finally:
             self._inflight.discard(rid)
-            self._cut.discard(rid)
             if self._posts.get(rid) is post:
                 del self._posts[rid]
         if not isinstance(answer, dict):
