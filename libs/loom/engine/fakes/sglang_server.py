@@ -9,14 +9,16 @@ in Prometheus text with SGLang's metric names. It behaves as SGLang started with
 --enable-priority-scheduling and --enable-metrics. Times, in responses and metrics, are simulated seconds.
 
 The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``,
-``text`` is always "", and ``output_ids`` are placeholders, a pseudo-random stream seeded by the input ids
-(like greedy decoding: the same input gives the same output). Requests must carry ``input_ids``; there is
-no tokenizer. With ``return_logprob`` the log-probabilities are placeholders too, deterministic in the same
-way, in SGLang's shape: ``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output
-token, ``input_token_logprobs`` the same for the prompt from ``logprob_start_len`` (-1: its last position)
-on, the first entry's logprob null, as SGLang's; with ``top_logprobs_num`` ``meta_info.output_top_logprobs``
-holds placeholder alternatives, one list of [logprob, token_id, null] per output token, the sampled token
-among them. ``stop_token_ids`` end the output at the first of them (kept, finish_reason "stop" with
+``text`` is always "", and ``output_ids`` are drawn from the simulators' language model
+(``loom.engine.fakes.next_token``) under the request's sampling, merged over ``--preferred-sampling-params``,
+seeded by the input ids and the rid (a retry draws the same). Requests must carry ``input_ids``; there is no
+tokenizer. With ``return_logprob`` the log-probabilities are that model's as SGLang reports them
+(log_softmax of the penalised logits at the temperature, before top-k, top-p and min-p), in SGLang's shape:
+``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output token, ``input_token_logprobs``
+the same for the prompt from ``logprob_start_len`` (-1: its last position) on, the first entry's logprob null,
+as SGLang's; with ``top_logprobs_num`` ``meta_info.output_top_logprobs`` holds the most likely tokens, one list
+of [logprob, token_id, null] per output token. A prompt past ``--context-length``, or an explicit
+``max_new_tokens`` that cannot fit, is refused as SGLang refuses it. ``stop_token_ids`` end the output at the first of them (kept, finish_reason "stop" with
 ``matched``); stop strings need text, which the simulator has none of: they never match.
 
 Weight updates (/update_weights_from_disk) follow SGLang's http_server and scheduler: not paused, the update

@@ -16,11 +16,13 @@ Times, in responses and metrics, are simulated seconds.
 
 The simulator has no tokenizer and no end-of-sequence: prompts must be token ids, every request runs to
 ``max_tokens``, ``text`` is always "", tokens are named ``"token_id:N"`` in log-probs whether or not
-``return_tokens_as_token_ids`` is set, and the output ids are placeholders, a pseudo-random stream seeded by the
-prompt (like greedy decoding). Log-probs are placeholders too, but those of one model: the log-prob of a token
-is a hash of it and every token before it, so a prompt's ``prompt_logprobs`` over a reply this server generated
-repeat the log-probs it reported when it sampled that reply. Top alternatives are placeholders around the
-token (``synth_top_logprobs``). ``stop_token_ids`` end the output at the first of them (kept, ``stop_reason``
+``return_tokens_as_token_ids`` is set, and the output ids are drawn from the simulators' language model
+(``loom.engine.fakes.next_token``) under the request's sampling, each field it leaves out filled from the
+``generation_config`` the server was given, as ``--generation-config auto`` does; the draw is seeded by the
+prompt and the request id (a retry draws the same). Log-probs are that model's, of the distribution drawn from
+(``--logprobs-mode processed_logprobs``) or of the raw one, and a prompt's ``prompt_logprobs`` are the model's
+own; top alternatives are the most likely tokens. Past ``--max-model-len`` a request is refused, or its output
+cut, as vLLM's is. ``stop_token_ids`` end the output at the first of them (kept, ``stop_reason``
 the id); stop strings need text and never match. Streaming, ``n`` > 1 and ``echo`` are refused.
 
 Priorities are vLLM's (lower served first, here mapped onto the simulator's larger-first queue), and like vLLM's
@@ -42,6 +44,7 @@ is kept for tests at ``GET /loom/received``, a route of the simulator's own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -345,7 +348,7 @@ class _SimServer:
         _keep(self.received.requests, external)
         _keep(self.received.priorities, obj.priority)
         sampling = self.sampling(obj)
-        _keep(self.received.sampling, sampling)
+        _keep(self.received.sampling, dataclasses.asdict(sampling))
         scoring = obj.prompt_logprobs is not None
         self.received.scored += scoring
         # vLLM reads no cached prefix for a prompt_logprobs request: a key of its own misses the cache.
@@ -358,8 +361,8 @@ class _SimServer:
             prefix_key=key,
             ignore_eos=obj.ignore_eos,
             priority=-float(obj.priority),  # vLLM serves lower values first, the simulator larger ones
-            temperature=sampling["temperature"],
-            top_p=sampling["top_p"],
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
             stop_token_ids=sorted(stops) or None,
         )
         computed = ids
@@ -369,7 +372,7 @@ class _SimServer:
             out = await self._run(req, request)
             # Off the event loop: a long output takes a while to draw.
             steps = await asyncio.to_thread(
-                sample, ids, out.output_len, _sampling(sampling), seed_of(ids, rid), obj.logprobs or 0
+                sample, ids, out.output_len, sampling, seed_of(ids, rid), obj.logprobs or 0
             )
             stop = next((i for i, st in enumerate(steps) if st.token in stops), None)
             if stop is not None and out.finish_reason != "abort":
@@ -445,16 +448,15 @@ class _SimServer:
             raise _Refused(f"max_tokens must be at least 1, got {max_tokens}.")
         return ids, max_tokens
 
-    def sampling(self, obj: CompletionRequest) -> dict[str, float]:
+    def sampling(self, obj: CompletionRequest) -> Sampling:
         """The request's sampling as vLLM fills it: its own value, else the model's generation default, else
         OpenAI's (CompletionRequest.to_sampling_params: "user -> server default -> OpenAI default")."""
-        out = {}
+        out: dict[str, Any] = {}
         for name, fallback in OPENAI_DEFAULTS.items():
             value = getattr(obj, name)
             out[name] = self.generation_defaults.get(name, fallback) if value is None else value
-        if out["top_k"] == -1:
-            out["top_k"] = 0  # vLLM quietly takes -1 as 0, disabled
-        return out
+        out["top_k"] = 0 if out["top_k"] == -1 else int(out["top_k"])  # vLLM quietly takes -1 as 0, disabled
+        return Sampling(**out)
 
     async def _run(self, req: EngineRequest, request: Request) -> EngineOutput:
         # vLLM's with_cancellation aborts a request whose client went away, as this does, prepared or not.
@@ -801,18 +803,6 @@ def prompt_logprobs(ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | 
             entry.setdefault(str(a), {"logprob": alp, "rank": ranked[a], "decoded_token": None})
         table.append(entry)
     return table
-
-
-def _sampling(f: Mapping[str, float]) -> Sampling:
-    return Sampling(
-        temperature=f["temperature"],
-        top_p=f["top_p"],
-        top_k=int(f["top_k"]),
-        min_p=f["min_p"],
-        repetition_penalty=f["repetition_penalty"],
-        presence_penalty=f["presence_penalty"],
-        frequency_penalty=f["frequency_penalty"],
-    )
 
 
 def _keep(record: list[Any], *items: Any) -> None:
