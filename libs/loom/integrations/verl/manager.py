@@ -155,7 +155,8 @@ class LoomAgentLoopManager:
             keys=uids, partition_id=partition, tags=[{"status": "running"}] * len(uids)
         )
         try:
-            keys, fields, tags = await self._samples(batch, rows, sizes, sampling)
+            name = f"verl {'validation' if validate else 'step'} {batch['global_steps']}"
+            keys, fields, tags = await self._samples(name, rows, uids, sizes, sampling)
         except BaseException:
             # As verl's own worker marks a prompt whose sessions failed: its replay buffer stops waiting for it.
             await tq.async_kv_batch_put(
@@ -170,16 +171,13 @@ class LoomAgentLoopManager:
         )
 
     async def _samples(
-        self, batch: TensorDict, rows: list[dict[str, Any]], sizes: list[int], sampling: Any
+        self, name: str, rows: list[dict[str, Any]], uids: list[str], sizes: list[int], sampling: Any
     ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-        """The batch's samples as TransferQueue keys, fields and tags: one Loom job per group size."""
-        validate = bool(batch["validate"]) if "validate" in batch else False
-        uids = [str(row["uid"]) for row in rows]
+        """The prompts' samples as TransferQueue keys, fields and tags: one Loom job (``name``) per group size."""
         # A Loom job has one group size: prompts asking for different numbers of samples are a job each.
         jobs: dict[int, list[int]] = {}
         for i, n in enumerate(sizes):
             jobs.setdefault(n, []).append(i)
-        name = f"verl {'validation' if validate else 'step'} {batch['global_steps']}"
         response_length = int(self.rollout.response_length)
         specs = []
         for n, members in jobs.items():
