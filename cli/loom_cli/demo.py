@@ -37,11 +37,11 @@ async def run_demo(
     speed: float,
     home: Path | None,
     policy: dict[str, Any] | None = None,
-    predictor_minutes: float = learned_predictor.DEFAULT_MINUTES,
+    predictor_steps: int = learned_predictor.DEFAULT_STEPS,
 ) -> int:
     console = Console(stderr=True)
     t0 = time.monotonic()
-    env = learned_predictor.ensure(console, predictor_minutes)
+    env = learned_predictor.ensure(console, predictor_steps)
     t_model = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="loom-demo-") as tmp:
         cfg = DeployConfig(

@@ -1,7 +1,8 @@
 """The learned length predictor for ``loom demo`` and ``loom up``: they train a small one where there is none
-(``loom predictor train`` on the recorded traces for ``--predictor-minutes``, 1 by default, on the CPU, once)
+(``loom predictor train`` on the recorded traces for ``--predictor-steps``, 200 by default: about a minute on
+two cores, once)
 and point the predictor service at it; one already trained where the service looks (``$LOOM_HOME/predictor``)
-is served either way, and ``--predictor-minutes 0`` serves the history-based one where none exists.
+is served either way, and ``--predictor-steps 0`` serves the history-based one where none exists.
 
 In the demo job (8 SWE tasks, 8 varied samples each, on 4 workers) the minute-trained model plans a makespan
 within 5% of the history fallback's (646-672 s against 632-636 s at speed 20): the job is bound by its
@@ -19,26 +20,25 @@ from rich.console import Console
 
 from loom.predict import default_model_path
 
-QUICK_MINUTES = 1.0
-DEFAULT_MINUTES = QUICK_MINUTES
+DEFAULT_STEPS = 200
 
 
-def ensure(console: Console, minutes: float = QUICK_MINUTES) -> dict[str, str]:
+def ensure(console: Console, steps: int = DEFAULT_STEPS) -> dict[str, str]:
     """The environment that points the predictor service at the learned model, trained first if missing.
-    Empty where none can be had (``minutes`` 0, or training failed: no traces here): the service then
+    Empty where none can be had (``steps`` 0, or training failed: no traces here): the service then
     serves the history-based predictor and says so in its health and log."""
     path = default_model_path().resolve()
     if not path.exists():
-        if minutes <= 0:
+        if steps <= 0:
             console.print(f"[yellow]No length predictor at {path}[/]: serving the history-based one")
             return {}
         console.print(
-            f"[bold]No length predictor at {path}[/]: training one for {minutes:g} min on the CPU "
+            f"[bold]No length predictor at {path}[/]: training one for {steps} steps on the CPU "
             "(once; `loom predictor train` trains a better one)"
         )
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "loom_cli.main", "predictor", "train"]
-        cmd += ["--minutes", f"{minutes:g}", "--out", str(path.parent)]
+        cmd += ["--steps", str(steps), "--out", str(path.parent)]
         # Its summary line goes to stderr: stdout stays the command's own (the demo ends with one JSON line).
         r = subprocess.run(cmd, stdout=sys.stderr, check=False)
         if r.returncode != 0 or not path.exists():

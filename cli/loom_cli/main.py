@@ -46,7 +46,7 @@ def _engine_urls(engine: str) -> list[str]:
 
 
 async def _up(args: argparse.Namespace) -> int:
-    env = learned_predictor.ensure(Console(stderr=True), args.predictor_minutes)
+    env = learned_predictor.ensure(Console(stderr=True), args.predictor_steps)
     cfg = DeployConfig(
         home=args.home,
         workers=args.workers,
@@ -195,10 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--log-level", default="INFO")
     up.add_argument(
-        "--predictor-minutes",
-        type=float,
-        default=learned_predictor.DEFAULT_MINUTES,
-        help="train a length predictor for this long where none exists (0: none; 1 is enough)",
+        "--predictor-steps",
+        type=int,
+        default=learned_predictor.DEFAULT_STEPS,
+        help=f"train a length predictor for this many steps where none exists (0: none; default "
+        f"{learned_predictor.DEFAULT_STEPS}, about a minute)",
     )
 
     sub.add_parser("status", help="health of every service instance")
@@ -226,10 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--speed", type=float, default=20.0)
     d.add_argument("--policy", help='job policy as JSON, e.g. \'{"preset": "slime"}\' (default: heddle)')
     d.add_argument(
-        "--predictor-minutes",
-        type=float,
-        default=learned_predictor.DEFAULT_MINUTES,
-        help="train a length predictor for this long where none exists (0: none; 1 is enough)",
+        "--predictor-steps",
+        type=int,
+        default=learned_predictor.DEFAULT_STEPS,
+        help=f"train a length predictor for this many steps where none exists (0: none; default "
+        f"{learned_predictor.DEFAULT_STEPS}, about a minute)",
     )
     rm = sub.add_parser(
         "rollmux-demo", help="three trainer processes co-scheduled over NATS; Gantt of what ran"
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             policy = json.loads(args.policy) if args.policy else None
             rc = asyncio.run(
                 run_demo(
-                    args.prompts, args.samples, args.workers, args.speed, None, policy, args.predictor_minutes
+                    args.prompts, args.samples, args.workers, args.speed, None, policy, args.predictor_steps
                 )
             )
         else:

@@ -29,7 +29,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a trace file of the SWE schema (default: all three trace sets: coding, search, tool use)",
     )
     t.add_argument("--out", type=Path, default=default_model_path().parent, help="checkpoint directory")
-    t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget for training")
+    t.add_argument(
+        "--steps",
+        type=int,
+        default=1500,
+        help="optimiser steps in all (about ten minutes of two cores); the same on any machine",
+    )
     t.add_argument("--epochs", type=int, default=30)
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=None)
@@ -73,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
-        max_minutes=args.minutes,
+        max_steps=args.steps,
         seed=args.seed,
     )
     with Progress(
@@ -100,8 +105,27 @@ def _train(args: argparse.Namespace) -> int:
             sets = workload_of_prompts()
             sd, slope = calibrate(onnx, first, [sets.get(e.task_id, "") for e in first])
             summary |= {"admission_log_sd": round(sd, 3), "admission_slope": round(slope, 3)}
+        if not args.prompt_only:
+            summary["combiner"] = _combine(onnx, {e.task_id for e in data["val"] + data["test"]}, args.seed)
     print(json.dumps(summary))
     return 0
+
+
+def _combine(onnx: Path, held_out: set[str], seed: int) -> dict[str, str] | str:
+    """Fit the combiner the service serves over the model (``loom.predict.combine``) on the prompts the
+    model never saw, and write it into the model's metadata; the cells and what serves each, or why not."""
+    from loom.bench.harness.served import fit_for_model
+    from loom.predict.onnx_model import OnnxRegressor, meta_path
+
+    try:
+        combiner = fit_for_model(OnnxRegressor(onnx), held_out, seed=seed)
+    except ValueError as e:
+        print(f"no combiner: {e}; the service refines the model by finished siblings alone", file=sys.stderr)
+        return str(e)
+    meta = json.loads(meta_path(onnx).read_text())
+    meta["combiner"] = combiner.to_json()
+    meta_path(onnx).write_text(json.dumps(meta, indent=2))
+    return combiner.chosen
 
 
 def _export(args: argparse.Namespace) -> int:

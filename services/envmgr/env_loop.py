@@ -103,6 +103,7 @@ async def _episode(
     # The context grows by each call's output ids as the engine produced them and the observation's ids
     # (loom.envs.transcript), never by decoding and encoding again: a trainer sees exactly what the engine saw.
     ids = transcript.encode(prompt)
+    prompt_tokens = len(ids)
     new_ids = list(ids)  # what this call adds to the context: the prompt, then each observation
     acts: list[str] = []
     observations: list[str] = []
@@ -143,7 +144,9 @@ async def _episode(
         t1 = ctx.clock.now()
         context = len(ids) + res.output_len
         pieces = predict_context.step_pieces(acts, [*observations, ""], k + 1)
-        pred = asyncio.create_task(predict(ctx, work, k + 1, context, generated, prompt, pieces))
+        pred = asyncio.create_task(
+            predict(ctx, work, k + 1, context, generated, prompt, pieces, prompt_tokens)
+        )
         obs = await _tool(work, ctx, env, text)
         tool_s = ctx.clock.now() - t1
         priority = await await_prediction(ctx, work, k, pred, priority, context, generated)

@@ -136,6 +136,7 @@ class Session:
     generated: int = 0
     priority: float = 0.0
     prompt: str = ""
+    prompt_tokens: int = 0  # the first call's context
     acts: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     last_call: float = field(default_factory=time.monotonic)
@@ -375,6 +376,8 @@ class Session:
         now = self.ctx.clock.now()
         prev = self.pending
         k = len(self.steps) + (prev is not None)
+        if k == 0:
+            self.prompt_tokens = len(context)
         if prev is not None and prev.prediction is not None:
             self.priority = await await_prediction(
                 self.ctx, self.work, k - 1, prev.prediction, self.priority, len(context), self.generated
@@ -421,7 +424,16 @@ class Session:
         turn = _Turn(samples, context, new_ids, self.ctx.clock.now(), rebased)
         pieces = predict_context.step_pieces(self.acts, [*self.observations, ""], k + 1)
         turn.prediction = asyncio.create_task(
-            predict(self.ctx, self.work, k + 1, len(turn.ids(0)), self.generated, self.prompt, pieces)
+            predict(
+                self.ctx,
+                self.work,
+                k + 1,
+                len(turn.ids(0)),
+                self.generated,
+                self.prompt,
+                pieces,
+                self.prompt_tokens,
+            )
         )
         self.pending = turn
         return turn

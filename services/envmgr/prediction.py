@@ -22,8 +22,10 @@ async def predict(
     generated: int,
     prompt: str,
     pieces: list[str],
+    prompt_tokens: int = 0,
 ) -> Prediction:
-    """The predictor's estimate after ``step`` model calls (step 0 is the prompt alone, at admission)."""
+    """The predictor's estimate after ``step`` model calls (step 0 is the prompt alone, at admission);
+    ``prompt_tokens``: the first call's input, where known."""
     req = PredictRequest(
         work.job_id,
         work.traj_id,
@@ -33,6 +35,9 @@ async def predict(
         generated,
         prompt=predict_context.clip_prompt(prompt),
         pieces=predict_context.clip_pieces(pieces),
+        group=work.group,
+        prompt_tokens=prompt_tokens,
+        workload=str(work.task.data.get("workload", "")),
     )
     return await request(ctx.nc, subjects.PREDICT, req, Prediction, timeout_s=ctx.predict_timeout_s)
 

@@ -41,7 +41,9 @@ async def run_replay(work: TrajWork, ctx: LoopContext) -> Trajectory:
             # context so far, this call's action included, its observation not yet.
             context = call.input_len + mc.res.output_len
             pieces = predict_context.step_pieces(actions, observations, k + 1)
-            pred = asyncio.create_task(predict(ctx, work, k + 1, context, generated, trace.task, pieces))
+            pred = asyncio.create_task(
+                predict(ctx, work, k + 1, context, generated, trace.task, pieces, calls[0].input_len)
+            )
             await ctx.clock.sleep(tool_s)
             priority = await await_prediction(ctx, work, k, pred, priority, context, generated)
         steps.append(mc.step(call.action, "" if call.last else call.observation, tool_s))

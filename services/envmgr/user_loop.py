@@ -165,6 +165,7 @@ async def _episode(
     except chat.ChatError as e:
         raise EnvBroken(f"reset's messages: {e}") from e
     ids = chat.encode(prompt_text)
+    prompt_tokens = len(ids)
     new_ids = list(ids)
     steps: list[Step] = []
     rewards: list[float | None] = []
@@ -200,7 +201,9 @@ async def _episode(
         t1 = ctx.clock.now()
         context = len(ids) + len(out_ids)
         pieces = predict_context.step_pieces(acts, [*observations, ""], k + 1)
-        pred = asyncio.create_task(predict(ctx, work, k + 1, context, generated, prompt_text, pieces))
+        pred = asyncio.create_task(
+            predict(ctx, work, k + 1, context, generated, prompt_text, pieces, prompt_tokens)
+        )
         result = await _step(work, env, k, action)
         tool_s = ctx.clock.now() - t1
         priority = await await_prediction(ctx, work, k, pred, priority, context, generated)

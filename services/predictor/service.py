@@ -1,18 +1,27 @@
 """Predictor service: remaining-length estimates on ``loom.v1.predict``.
 
 It serves the learned regressor (ONNX Runtime, micro-batched, with a deadline) when its model file exists,
-its totals refined by the finished samples of the same prompt (``loom.predict.blend``). When a sample
-finishes, the estimates of its prompt's unfinished samples in the same job move, and the service publishes
-them as priority updates, so a sibling still waiting in a router's queue is re-keyed (and, with migration, may
+and combines its total with everything else known of the trajectory (``loom.predict.combine``, the
+combiner ``loom predictor train`` fitted on held-out prompts and wrote beside the model): the prompt's
+earlier samples (finished trajectories of the same task in other groups or jobs: its history), its group's
+finished samples and running ones (their progress, from their own requests), its step and what it
+generated. All of it arrives on subjects the service already hears: nothing is asked of the caller but the
+trajectory's group, prompt length and workload (its trace set, where the task names one). A request the model cannot read (no context, or past its deadline)
+is still combined, without the text; a model exported before combiners existed is refined by the finished
+samples of the same prompt alone (``loom.predict.blend``).
+
+When a sample finishes, the estimates of its group's unfinished samples move, and the service publishes them
+as priority updates, so a sibling still waiting in a router's queue is re-keyed (and, with migration, may
 move) before it has a tool call of its own to be predicted during.
-Without one, or for a request that carries no context or misses its deadline, it answers with the
-history-based predictor, which learns from every finished trajectory and, after a restart, relearns from
-the result stream's headers. Every fallback is counted by reason and the missing model is logged loudly.
+Without a model it answers with the history-based predictor, which learns from every finished trajectory
+and, after a restart, relearns from the result stream's headers (so does the combiner's history). Every
+fallback is counted by reason and the missing model is logged loudly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +31,7 @@ from nats.aio.msg import Msg
 
 from loom.predict.batcher import MicroBatcher
 from loom.predict.blend import SiblingBlend
+from loom.predict.combine import Combiner, Known
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajDone, encode, subjects
 from loom.runtime import results
@@ -36,19 +46,25 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 UNCALIBRATED_LOG_SD = 1.0
 # Admission estimates kept to measure the model against the trajectories' true totals; the oldest go first.
 MAX_ADMITTED = 100_000
+# Finished samples kept per task (its history and its groups' finished samples), the newest.
+MAX_DONE_PER_TASK = 64
 
 
 @dataclass
 class _Latest:
-    """A running trajectory's last model estimate: what its siblings' finishing re-blends."""
+    """A running trajectory's last request and model estimate: its siblings read its progress, and their
+    finishing re-estimates it."""
 
     job_id: str
     traj_id: str
     task_id: str
-    model_total: float
+    group: int
+    model_total: float | None
     generated: int
     step: int
     context_len: int
+    prompt_tokens: int
+    workload: str
 
 
 class PredictorService:
@@ -58,9 +74,12 @@ class PredictorService:
         self.history = HistoryPredictor()
         self.model: Any = None
         self.blend: SiblingBlend | None = None
+        self.combiner: Combiner | None = None
         self.admitted: dict[str, float] = {}  # the model's total for each trajectory at admission
         self.latest: dict[str, _Latest] = {}  # by job.traj, while it runs
-        self.running: dict[tuple[str, str], set[str]] = {}  # (job, task) -> job.traj keys in ``latest``
+        self.running: dict[tuple[str, str, int], set[str]] = {}  # (job, task, group) -> keys in ``latest``
+        # task -> (job, group, total) of its finished samples, in the order they finished
+        self.done: dict[str, collections.deque[tuple[str, int, float]]] = {}
         self.batcher: MicroBatcher[Any, float] | None = None
         self.unavailable = ""
         m = rt.metrics
@@ -83,7 +102,10 @@ class PredictorService:
         from loom.predict.onnx_model import OnnxRegressor
 
         self.model = OnnxRegressor(path, threads=self.settings.threads)
-        self.blend = SiblingBlend(self.model.admission_log_sd or UNCALIBRATED_LOG_SD)
+        self.combiner = self.model.combiner
+        if self.combiner is None:
+            log.warning("the model at %s has no combiner (retrain it): siblings alone refine it", path)
+            self.blend = SiblingBlend(self.model.admission_log_sd or UNCALIBRATED_LOG_SD)
         self.batcher = MicroBatcher(
             self._run_batch,
             max_batch=self.settings.max_batch,
@@ -106,9 +128,10 @@ class PredictorService:
         }
         if self.model:
             out["model_path"] = str(self.settings.model_path)
+            out["combined"] = self.combiner is not None
         if self.blend:
             out["blend"] = self.blend.spreads()
-        else:
+        if not self.model:
             out["fallback"] = self.unavailable
         return out
 
@@ -116,6 +139,7 @@ class PredictorService:
         for h in await results.scan_headers(rt.js):
             if h.status == "completed":
                 self.history.observe(h.task_id, h.output_tokens)
+                self._done(h.job_id, h.task_id, h.group, h.output_tokens)
                 if self.blend:
                     self.blend.observe(h.task_id, h.output_tokens)
         log.info("history predictor learned %d trajectories", self.history.overall.n)
@@ -133,15 +157,62 @@ class PredictorService:
         self._forget(key)
         if ev.status == "completed":
             self.history.observe(ev.task_id, ev.output_tokens)
+            self._done(ev.job_id, ev.task_id, ev.group, ev.output_tokens)
             if self.blend:
                 self.blend.observe(ev.task_id, ev.output_tokens, admitted)
-                await self._refresh_siblings(ev.job_id, ev.task_id)
+            if self.model is not None:
+                await self._refresh_siblings(ev.job_id, ev.task_id, ev.group)
 
-    async def _refresh_siblings(self, job_id: str, task_id: str) -> None:
-        assert self.blend is not None and self.model is not None
-        for key in sorted(self.running.get((job_id, task_id), ())):
+    def _done(self, job_id: str, task_id: str, group: int, total: int) -> None:
+        kept = self.done.setdefault(task_id, collections.deque(maxlen=MAX_DONE_PER_TASK))
+        kept.append((job_id, group, float(total)))
+
+    def _known(self, t: _Latest, key: str) -> Known:
+        """What is known of a trajectory now: its last request, its task's finished samples (its group's are
+        its siblings, the rest its history) and its running siblings' progress."""
+        siblings: list[float] = []
+        history: list[float] = []
+        for job, group, total in self.done.get(t.task_id, ()):
+            same = job == t.job_id and group == t.group and t.group >= 0
+            (siblings if same else history).append(total)
+        running = [
+            (self.latest[k].step, float(self.latest[k].generated))
+            for k in self.running.get((t.job_id, t.task_id, t.group), ())
+            if k != key and t.group >= 0
+        ]
+        prompt = t.prompt_tokens or (t.context_len if t.step == 0 else 0)
+        return Known(
+            t.step,
+            float(t.generated),
+            float(prompt),
+            t.model_total,
+            tuple(history),
+            tuple(siblings),
+            tuple(running),
+            t.workload,
+        )
+
+    def _estimate(self, t: _Latest, key: str) -> tuple[float, float]:
+        """The served total and its spread (log sd)."""
+        if self.combiner is not None:
+            known = self._known(t, key)
+            return self.combiner.total(known), self.combiner.centre(known)[1]
+        assert self.blend is not None and t.model_total is not None
+        return self.blend.total(t.task_id, t.model_total, t.generated), self.blend.model.sd
+
+    async def _refresh_siblings(self, job_id: str, task_id: str, group: int) -> None:
+        assert self.model is not None
+        groups = (
+            [group]
+            if self.combiner is not None
+            else [g for j, k, g in self.running if j == job_id and k == task_id]
+        )
+        keys = {k for g in groups for k in self.running.get((job_id, task_id, g), ())}
+        for key in sorted(keys):
             t = self.latest[key]
-            total = self.blend.total(task_id, t.model_total, t.generated)
+            if t.model_total is None and self.combiner is None:
+                continue
+            total, _ = self._estimate(t, key)
             upd = PriorityUpdate(
                 job_id,
                 t.traj_id,
@@ -155,46 +226,58 @@ class PredictorService:
             await self.rt.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
             self.m_refreshed.inc()
 
-    def _remember(self, req: PredictRequest, model_total: float) -> None:
+    def _remember(self, req: PredictRequest, model_total: float | None) -> tuple[_Latest, str]:
         key = kv_key(req.job_id, req.traj_id)
-        self.latest[key] = _Latest(
-            req.job_id, req.traj_id, req.task_id, model_total, req.generated_tokens, req.step, req.context_len
+        before = self.latest.get(key)
+        # Forgotten and re-inserted: the oldest first in line to be forgotten, in the group it now names.
+        self._forget(key)
+        prompt = req.prompt_tokens or (before.prompt_tokens if before else 0)
+        t = _Latest(
+            req.job_id,
+            req.traj_id,
+            req.task_id,
+            req.group,
+            model_total,
+            req.generated_tokens,
+            req.step,
+            req.context_len,
+            prompt,
+            req.workload,
         )
-        self.running.setdefault((req.job_id, req.task_id), set()).add(key)
+        self.latest[key] = t
+        self.running.setdefault((req.job_id, req.task_id, req.group), set()).add(key)
         if len(self.latest) > MAX_ADMITTED:  # trajectories that never finished: forget the oldest
             self._forget(next(iter(self.latest)))
+        return t, key
 
     def _forget(self, key: str) -> None:
         t = self.latest.pop(key, None)
         if t is None:
             return
-        group = self.running.get((t.job_id, t.task_id))
-        if group is not None:
-            group.discard(key)
-            if not group:
-                del self.running[(t.job_id, t.task_id)]
+        members = self.running.get((t.job_id, t.task_id, t.group))
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self.running[(t.job_id, t.task_id, t.group)]
 
     async def on_predict(self, req: PredictRequest, _msg: Msg) -> Prediction:
         if self.batcher is not None:
+            remaining = None
             if req.prompt or req.pieces:
                 remaining = await self._model_remaining(req)
-                if remaining is not None and self.blend is not None:
-                    self.m_requests.labels(self.model.method).inc()
-                    model_total = req.generated_tokens + remaining
-                    if req.step == 0:
-                        self._admit(req.traj_id, model_total)
-                    self._remember(req, model_total)
-                    total = self.blend.total(req.task_id, model_total, req.generated_tokens)
-                    return Prediction(
-                        req.traj_id,
-                        total - req.generated_tokens,
-                        total,
-                        self.model.method,
-                        self.blend.model.sd,
-                        self.model.admission_slope,
-                    )
             else:
                 self.m_fallbacks.labels("no_context").inc()
+            model_total = None if remaining is None else req.generated_tokens + remaining
+            if model_total is not None or self.combiner is not None:
+                # Without the text, the combiner still has the rest (its cell without the text model).
+                method = self.model.method if model_total is not None else "combined"
+                self.m_requests.labels(method).inc()
+                if req.step == 0 and model_total is not None:
+                    self._admit(req.traj_id, model_total)
+                t, key = self._remember(req, model_total)
+                total, sd = self._estimate(t, key)
+                slope = 1.0 if self.combiner is not None else self.model.admission_slope
+                return Prediction(req.traj_id, total - req.generated_tokens, total, method, sd, slope)
         self.m_requests.labels("history").inc()
         total = self.history.predict_total(req.task_id, req.generated_tokens)
         return Prediction(req.traj_id, max(0.0, total - req.generated_tokens), total, "history")

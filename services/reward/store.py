@@ -24,7 +24,14 @@ async def store(
         kv_key(traj.job_id, traj.traj_id), encode(TrajMeta(traj.job_id, traj.traj_id, state=state))
     )
     ev = TrajDone(
-        traj.job_id, traj.traj_id, traj.status, reward, traj.output_tokens, len(traj.steps), traj.task_id
+        traj.job_id,
+        traj.traj_id,
+        traj.status,
+        reward,
+        traj.output_tokens,
+        len(traj.steps),
+        traj.task_id,
+        traj.group,
     )
     await nc.publish(subjects.traj_done(traj.job_id), encode(ev))
     return stored

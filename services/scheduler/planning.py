@@ -32,7 +32,17 @@ async def initial_predictions(
 
     async def one(w: TrajWork) -> tuple[str, float, float, float]:
         prompt = int(w.task.data.get("prompt_tokens", 0) or 0)
-        req = PredictRequest(job.id, w.traj_id, w.task.id, 0, prompt, 0, prompt=prompt_text(w))
+        req = PredictRequest(
+            job.id,
+            w.traj_id,
+            w.task.id,
+            0,
+            prompt,
+            0,
+            prompt=prompt_text(w),
+            prompt_tokens=prompt,
+            workload=str(w.task.data.get("workload", "")),
+        )
         async with sem:
             try:
                 p = await request(rt.nc, subjects.PREDICT, req, Prediction, timeout_s=timeout_s)

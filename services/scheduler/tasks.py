@@ -214,8 +214,16 @@ def _window(ds: DatasetRef, ids: list[str], what: str) -> list[str]:
 
 
 def _replay_data(trace: Trace, path: str | None) -> dict[str, object]:
-    # The first prompt's length is what a prompt-only prediction sees.
-    return {"trace_id": trace.id, "traces_path": path, "prompt_tokens": trace.steps[0].prompt_tokens}
+    # The first prompt's length is what a prompt-only prediction sees; the default traces are the coding
+    # trace set, the workload the predictor's combiner knows them as.
+    data: dict[str, object] = {
+        "trace_id": trace.id,
+        "traces_path": path,
+        "prompt_tokens": trace.steps[0].prompt_tokens,
+    }
+    if path is None:
+        data["workload"] = "coding"
+    return data
 
 
 def traj_id(group: int, sample: int) -> str:

@@ -98,7 +98,7 @@ class LoomUp:
         raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
-NO_MODEL = ("--predictor-minutes", "0")
+NO_MODEL = ("--predictor-steps", "0")
 
 
 def running(pid: int) -> bool:

@@ -229,15 +229,30 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     for batch in ("b1", "b32"):
         assert 0 < out["latency_ms"][batch]["p50"] <= out["latency_ms"][batch]["p99"]
     assert (tmp_path / "progressive" / "model.onnx").exists()
-    # Kendall's tau-b within batches on every trace set, for the learned model and each free heuristic.
-    assert set(out["ranking"]) == {"coding", "search", "tool_use"}
-    for rows in out["ranking"].values():
+    # Kendall's tau-b within batches on every trace set, for what the predictor serves, its text model and
+    # each free heuristic; recall and Pearson beside it, the served against the best free heuristic paired by
+    # batch; and again with the predictor trained on the other two trace sets alone.
+    assert set(out["ranking"]) == {"coding", "search", "tool_use", "held_out"}
+    assert set(out["ranking"]["held_out"]) == {"coding", "search", "tool_use"}
+    methods = {"served", "learned", "first_sibling", "previous_epoch", "previous_mean", "prompt_length"}
+    for rows in [
+        *(v for k, v in out["ranking"].items() if k != "held_out"),
+        *out["ranking"]["held_out"].values(),
+    ]:
         assert "step0" in rows
         for step in ("step0", "step1", "step2", "step5"):
-            for m in rows.get(step, {}).values():
+            for name, m in rows.get(step, {}).items():
+                if name == "served_vs_best":
+                    assert (
+                        m["best"] in methods - {"served", "learned"}
+                        and m["ci95"][0] <= m["diff"] <= m["ci95"][1]
+                    )
+                    continue
                 low, high = m["ci95"]
                 assert -1.0 <= low <= m["tau"] <= high <= 1.0 and m["batches"] >= 1
-        assert set(rows["step0"]) == {"learned", "served", "first_sibling", "previous_epoch", "prompt_length"}
+                if "recall" in m:
+                    assert 0.0 <= m["recall"] <= 1.0 and -1.0 <= m["pearson"] <= 1.0
+        assert set(rows["step0"]) == methods | {"served_vs_best"}
 
 
 def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:

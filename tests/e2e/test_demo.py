@@ -15,7 +15,7 @@ def test_demo_runs_end_to_end_and_prints_one_json_line(tmp_path: Path) -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     small = ["--prompts", "2", "--samples", "2", "--workers", "2", "--speed", "100"]
     r = subprocess.run(
-        [LOOM, "demo", *small, "--predictor-minutes", "0.1"],
+        [LOOM, "demo", *small, "--predictor-steps", "20"],
         capture_output=True,
         text=True,
         timeout=300,

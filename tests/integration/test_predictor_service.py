@@ -4,11 +4,11 @@ ONNX export, and the service answering over a real nats-server, with and without
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -16,6 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from loom.predict import context
+from loom.predict.combine import Known
 from loom.protocol import (
     Health,
     Prediction,
@@ -37,7 +38,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     out = tmp_path_factory.mktemp("predictor")
     cmd = [sys.executable, "-m", "loom_cli.main", "predictor", "train", "--limit", "24", "--epochs", "2"]
-    cmd += ["--minutes", "1", "--out", str(out)]
+    cmd += ["--steps", "30", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -61,65 +62,92 @@ def test_onnx_matches_torch(trained: Path) -> None:
     assert np.allclose(ort_out, np.maximum(ref, 0), rtol=1e-3)
 
 
-async def test_service_serves_the_model_and_falls_back_to_history(
+async def _next(sub: Any, wait_s: float = 5) -> PriorityUpdate:
+    return decode((await sub.next_msg(timeout=wait_s)).data, PriorityUpdate)
+
+
+async def test_service_combines_the_model_with_history_and_siblings_and_falls_back_to_history(
     trained: Path, services: Services, nc: NATS, tmp_path: Path
 ) -> None:
+    from loom.predict.onnx_model import OnnxRegressor, query
+
+    model = OnnxRegressor(trained / "model.onnx")
+    combiner = model.combiner
+    assert combiner is not None  # `loom predictor train` fitted one on its held-out prompts
     settings = PredictorSettings(model_path=trained / "model.onnx")
     await services.start("p", "predictor", settings, lambda rt: PredictorService(rt, settings))
     pieces = context.clip_pieces(["THOUGHT: reproduce it\n```bash\npython repro.py\n```\n"] * 3)
-    req = PredictRequest("j", "t1", "task", 2, 6000, 700, prompt="Fix the bug in the parser", pieces=pieces)
+    req = PredictRequest(
+        "j",
+        "t1",
+        "task",
+        2,
+        6000,
+        700,
+        prompt="Fix the bug in the parser",
+        pieces=pieces,
+        group=0,
+        prompt_tokens=400,
+    )
     p = await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
-    assert p.method == "progressive" and p.remaining_tokens > 0
-    assert p.total_tokens == pytest.approx(700 + p.remaining_tokens)
-    # A request with no context cannot use the model: the history-based answer, counted as a fallback.
-    bare = PredictRequest("j", "t2", "task", 1, 6000, 700)
-    assert (await request(nc, subjects.PREDICT, bare, Prediction, timeout_s=10)).method == "history"
+    text_t1 = 700 + float(model.remaining([query(req.prompt, pieces, 2, 700, 6000)])[0])
+    # What the service serves is the combiner over what it knows: here the text model's total and the
+    # prompt, nothing of the task finished yet (the running sibling s0 is not there yet either).
+    assert p.method == "progressive" and p.slope == 1.0
+    assert p.total_tokens == pytest.approx(combiner.total(Known(2, 700.0, 400.0, text_t1)), rel=1e-6)
+    assert p.remaining_tokens == pytest.approx(p.total_tokens - 700)
+    # A request with no context cannot use the text model: still combined, from the rest, and counted.
+    bare = PredictRequest("j", "t2", "task", 1, 6000, 700, group=1, prompt_tokens=400)
+    got = await request(nc, subjects.PREDICT, bare, Prediction, timeout_s=10)
+    assert got.method == "combined" and got.total_tokens == pytest.approx(
+        combiner.total(Known(1, 700.0, 400.0))
+    )
 
-    # Samples of the same prompt that finish far above the model's estimate pull the next one's up.
-    first = PredictRequest("j", "s0", "task", 0, 200, 0, prompt="Fix the bug in the parser")
+    first = PredictRequest("j", "s0", "task", 0, 400, 0, prompt="Fix the bug in the parser", group=0)
     alone = await request(nc, subjects.PREDICT, first, Prediction, timeout_s=10)
+    text_s0 = float(model.remaining([query(first.prompt, [], 0, 0, 400)])[0])
     updates = await nc.subscribe(subjects.CONTROL_PRIORITY)
-    for i in range(4):
-        done = TrajDone("j", f"s{i + 1}", "completed", 1.0, int(alone.total_tokens * 20), 30, task_id="task")
-        await nc.publish(subjects.traj_done("j"), encode(done))
-    await nc.flush()
-    # Each finished sibling re-blends the samples still running (s0, and t1 of the same task): their new
-    # estimates go out as priority updates, rising with every long sibling.
-    seen: dict[str, list[PriorityUpdate]] = {}
-    for _ in range(8):
-        u = decode((await updates.next_msg(timeout=5)).data, PriorityUpdate)
-        seen.setdefault(u.traj_id, []).append(u)
-    assert set(seen) == {"s0", "t1"} and len(seen["s0"]) == 4
-    rising = [u.priority for u in seen["s0"]]
-    assert all(a < b for a, b in itertools.pairwise(rising)) and rising[-1] > 3 * alone.total_tokens
-    assert seen["s0"][-1].method == "progressive" and seen["s0"][-1].job_id == "j"
-    # A finished trajectory is never refreshed again, and another job's samples refresh nothing here.
     long = int(alone.total_tokens * 20)
-    for job, traj in (("j", "s0"), ("other-job", "x"), ("j", "s5")):
-        await nc.publish(
-            subjects.traj_done(job), encode(TrajDone(job, traj, "completed", 1.0, long, 9, "task"))
-        )
+    # Two samples of another job finish (the task's history), then one of group 0 (s0's and t1's sibling).
+    for job, traj, group in (("old", "h0", 0), ("old", "h1", 0), ("j", "s1", 0)):
+        done = TrajDone(job, traj, "completed", 1.0, long, 30, task_id="task", group=group)
+        await nc.publish(subjects.traj_done(job), encode(done))
     await nc.flush()
-    for _ in range(2):  # s0's and s5's finishing refresh t1 alone
-        assert decode((await updates.next_msg(timeout=5)).data, PriorityUpdate).traj_id == "t1"
+    seen: dict[str, list[PriorityUpdate]] = {}
+    for _ in range(2):  # only s1's finishing re-estimates its running siblings: s0 and t1, not t2 (group 1)
+        u = await _next(updates)
+        seen.setdefault(u.traj_id, []).append(u)
+    assert set(seen) == {"s0", "t1"}
     with pytest.raises(TimeoutError):
-        await updates.next_msg(timeout=0.5)
+        await _next(updates, 0.5)
+    history = (float(long), float(long))
+    want_s0 = combiner.total(Known(0, 0.0, 400.0, text_s0, history, (float(long),), ((2, 700.0),)))
+    want_t1 = combiner.total(Known(2, 700.0, 400.0, text_t1, history, (float(long),), ((0, 0.0),)))
+    assert seen["s0"][0].priority == pytest.approx(want_s0, rel=1e-6)
+    assert seen["t1"][0].priority == pytest.approx(want_t1, rel=1e-6)
+    assert seen["s0"][0].method == "progressive" and seen["s0"][0].job_id == "j"
+    # A finished trajectory is never re-estimated again.
+    await nc.publish(
+        subjects.traj_done("j"), encode(TrajDone("j", "s0", "completed", 1.0, long, 9, "task", group=0))
+    )
+    await nc.flush()
+    assert (await _next(updates)).traj_id == "t1"
+    with pytest.raises(TimeoutError):
+        await _next(updates, 0.5)
     await updates.unsubscribe()
     for _ in range(50):
         reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
-        if decode(reply.data, Health).details["observed"] == 7:
+        if decode(reply.data, Health).details["observed"] == 4:
             break
         await asyncio.sleep(0.05)
-    later = await request(
-        nc,
-        subjects.PREDICT,
-        PredictRequest(**{**msgspec.structs.asdict(first), "traj_id": "s9"}),
-        Prediction,
-        timeout_s=10,
-    )
-    assert later.method == "progressive" and later.total_tokens > 3 * alone.total_tokens
     health = decode(reply.data, Health).details
-    assert set(health["blend"]) == {"model_log_sd", "within_log_sd"}
+    assert health["combined"] is True and "blend" not in health
+    # A new sample of the task in a later group: everything finished before is its history.
+    later = PredictRequest(**{**msgspec.structs.asdict(first), "traj_id": "s9", "group": 5})
+    p9 = await request(nc, subjects.PREDICT, later, Prediction, timeout_s=10)
+    assert p9.total_tokens == pytest.approx(
+        combiner.total(Known(0, 0.0, 400.0, text_s0, (float(long),) * 4)), rel=1e-6
+    )
     await services.stop("p")
 
     missing = PredictorSettings(model_path=tmp_path / "none.onnx")
@@ -127,5 +155,5 @@ async def test_service_serves_the_model_and_falls_back_to_history(
     p = await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
     assert p.method == "history"
     reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
-    health = decode(reply.data, Health)
-    assert health.details["method"] == "history" and "no model" in health.details["fallback"]
+    fallback = decode(reply.data, Health).details
+    assert fallback["method"] == "history" and "no model" in fallback["fallback"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loom.bench.harness import learned
+from loom.bench.harness import learned, served
 from loom.bench.harness.cluster import Cluster
-from loom.bench.harness.rollout import run_rollout
+from loom.bench.harness.rollout import _Predictor, run_rollout
 from loom.data.trace_sets import trace_set
 from loom.data.traces import prompt_of
 from loom.protocol import PolicySpec
@@ -58,7 +58,7 @@ def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollou
     for f in TRACE_FILES:
         need_shared(f"data/traces/{f}")
     monkeypatch.setenv("LOOM_HOME", str(tmp_path))
-    budget = learned.Budget(minutes_per_fold=0.01, folds=2)
+    budget = learned.Budget(steps_per_fold=2, folds=2)
     w = Workload("mini", "", coding(prompts=2, group_size=4).trajectories + search(prompts=2).trajectories)
     logs: list[str] = []
     got = learned.cross_fitted(w, budget, logs.append)
@@ -83,3 +83,24 @@ def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollou
     assert r.output_tokens == sum(t.output_tokens for t in w.trajectories)
     with pytest.raises(ValueError, match="name no recorded trace"):
         learned.cross_fitted(Workload("x", "", [w.trajectories[0].__class__("a", "p", 0, ())]), budget)
+    # What the service serves: a combiner per fold over the same text models, fitted without the fold's
+    # prompts, cached beside them; the harness asks it with what the run knows of each group.
+    rows = {"coding": 2, "search": 3, "tool_use": 3}
+    got = served.served(w, budget, rows)
+    assert len(got.combiners) == 2 and got.admission_slope == 1.0 and got.admission_log_sd > 0
+    assert [c.to_json() for c in served.fold_combiners(budget, rows)] == [c.to_json() for c in got.combiners]
+    pred = _Predictor("learned", got, "coding")
+    sample, *others = [t for t in w.trajectories if t.prompt == w.trajectories[0].prompt]
+    assert pred.total(sample, 500, 3) >= 500
+    pred.total(others[0], 200, 1)  # a sibling's estimate records its progress
+    known = pred.known(sample, 700, 4)
+    assert known.running == ((1, 200.0),) and known.finished == () and known.history == ()
+    assert known.model_total == got.totals[sample.id][4] and known.workload == "coding"
+    pred.finished(others[1])
+    pred.finished(others[0])
+    known = pred.known(sample, 900, 5)  # the finished, in the order they finished, and no longer running
+    assert known.finished == (others[1].output_tokens, others[0].output_tokens) and known.running == ()
+    r = run_rollout(
+        w, PolicySpec(preset="heddle").resolved(), Cluster(gpus=4, model="qwen3-8b"), "learned", learned=got
+    )
+    assert r.output_tokens == sum(t.output_tokens for t in w.trajectories)

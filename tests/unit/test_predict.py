@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +182,26 @@ def test_bootstrap_separates_a_perfect_predictor_from_a_constant_one() -> None:
     assert small.low == 0.0 and small.high >= 0.5
     with pytest.raises(ValueError):
         evaluate.bootstrap(evaluate.pearson, [1.0, 2.0], [1.0])
+
+
+def test_training_to_a_step_budget_gives_the_same_model_under_one_seed(tmp_path: Path) -> None:
+    """The budget is steps, not minutes: two runs of one seed are the same model however long each took
+    (a slower machine once got a third of the training and every cross-fitted benchmark moved with it)."""
+    import torch
+
+    from loom.predict import regressor, train
+
+    traces = [_trace(f"t{i}#0", [5 + 7 * i, 40, 3 * i + 1]) for i in range(24)]
+    data = dataset.build(traces)
+    cfg = train.TrainConfig(max_steps=3, batch_size=8, seed=5)
+    reports = [train.train(data["train"], data["val"], cfg, tmp_path / name) for name in ("a", "b")]
+    assert [r.steps for r in reports] == [3, 3]
+    a, b = (regressor.load(tmp_path / name).state_dict() for name in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = train.train(
+        data["train"], data["val"], train.TrainConfig(max_steps=3, batch_size=8, seed=6), tmp_path / "c"
+    )
+    c = regressor.load(tmp_path / "c").state_dict()
+    assert other.steps == 3 and not all(torch.equal(a[k], c[k]) for k in a)
+    with pytest.raises(ValueError, match="max_steps"):
+        train.train(data["train"], data["val"], train.TrainConfig(max_steps=0), tmp_path / "d")

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom.bench.predictor_ranking import kendall_tau_b, ranking_report, scores, within_batches
+from loom.bench.predictor_ranking import heuristic_scores, known_at, ranking_report, within_batches
+from loom.predict.evaluate import kendall_tau_b
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 
@@ -54,25 +55,32 @@ def _workload() -> Workload:
 def test_heuristics_know_only_what_a_rollout_would_know_by_each_step() -> None:
     w = _workload()
     learned = {t.id: np.full(len(t.steps), 100.0) for t in w.trajectories}
-    at0 = scores(w, 0, learned, 0.5)
+    known0 = known_at(w, 0, learned)
+    at0 = heuristic_scores(known0)
     # Nothing has finished at admission: the first-sibling heuristic knows nothing (all tie at 0 generated).
-    assert set(at0["first_sibling"].values()) == {0.0}
+    assert set(at0["first_sibling"].values()) == {0.0} and known0["a-1"].finished == ()
     assert at0["prompt_length"] == {"a-0": 50.0, "a-1": 50.0, "b-0": 900.0, "b-1": 900.0}
-    # Each sample's previous epoch is another sample of its prompt.
+    # Each sample's previous epoch is another sample of its prompt; its history all the others.
     assert at0["previous_epoch"]["a-0"] == 120.0 and at0["previous_epoch"]["a-1"] == 10.0
-    at1 = scores(w, 1, learned, 0.5)
+    assert known0["a-0"].history == (120.0,) and known0["b-1"].running == ((0, 0.0),)
+    known1 = known_at(w, 1, learned)
+    at1 = heuristic_scores(known1)
     # After one call a-0 is done: a-1 learns its sibling's 10 but has generated 40 already.
     assert "a-0" not in at1["learned"] and at1["first_sibling"]["a-1"] == 40.0
+    assert known1["a-1"].finished == (10.0,) and known1["a-1"].running == ()
     assert at1["first_sibling"]["b-1"] == 30.0  # b's samples are all still running
-    # The served estimate moves towards the finished sibling's total.
-    assert at1["served"]["a-1"] < at0["served"]["a-1"]
+    assert known1["b-1"].running == ((1, 20.0),) and known1["b-1"].generated == 30.0
 
 
 def test_a_perfect_score_ranks_every_batch_perfectly_and_reports_steps_reached() -> None:
     w = _workload()
     exact = {t.id: np.full(len(t.steps), float(t.output_tokens)) for t in w.trajectories}
-    taus = within_batches(w, scores(w, 0, exact, 0.5), batch_prompts=2)
+    taus = within_batches(w, heuristic_scores(known_at(w, 0, exact)), batch_prompts=2)
     assert taus["learned"].estimate == pytest.approx(1.0) and taus["learned"].batches == 1
-    report = ranking_report(w, exact, 0.5)
+    served = {0: {t.id: float(t.output_tokens) for t in w.trajectories}}
+    report = ranking_report(w, exact, served)
     assert set(report) == {"step0", "step1", "step2"}  # nothing reaches step 5
     assert report["step0"]["learned"]["tau"] == 1.0 and report["step0"]["learned"]["trajectories"] == 4
+    # The served scores are set beside the best free heuristic (the text model is not free), batch by batch.
+    vs = report["step0"]["served_vs_best"]
+    assert vs["best"] != "learned" and vs["diff"] > 0

@@ -36,8 +36,9 @@ from rich.table import Table
 from loom.bench.acceptance import SOURCES, measure, workload_cases
 from loom.bench.harness.bounds import critical_path, undraftable
 from loom.bench.harness.cluster import BASELINE_MP, Cluster
-from loom.bench.harness.learned import Learned, cross_fitted
+from loom.bench.harness.learned import Learned
 from loom.bench.harness.rollout import run_rollout
+from loom.bench.harness.served import QUICK_ROW_PROMPTS, ROW_PROMPTS, served
 from loom.bench.registry import Benchmark
 from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
 from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
@@ -132,10 +133,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also every overall cell with drafting engines, Loom and the baselines alike",
     )
     p.add_argument(
-        "--predictor-minutes",
-        type=float,
+        "--predictor-steps",
+        type=int,
         default=None,
-        help="training budget per fold of the learned predictor",
+        help="optimiser steps per fold of the learned predictor",
     )
 
 
@@ -279,8 +280,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w: WORKLOADS[w](prompts=_most(plan, prompts, w), group_size=GROUP, seed=plan.seed)
         for w in WORKLOAD_NAMES
     }
-    budget = learned_budget(plan.quick, args.predictor_minutes, plan.seed)
-    learned = {w: cross_fitted(workload, budget) for w, workload in largest.items()}
+    budget = learned_budget(plan.quick, args.predictor_steps, plan.seed)
+    rows = QUICK_ROW_PROMPTS if plan.quick else ROW_PROMPTS
+    learned = {w: served(workload, budget, rows) for w, workload in largest.items()}
     work = [
         (
             c,

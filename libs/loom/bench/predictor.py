@@ -14,10 +14,12 @@ compared with each of the others on the same resamples (``step2_against``): with
 trajectories the top 10% is a handful, and a recall moves in steps of one trajectory.
 
 Ranking within batches (``loom.bench.predictor_ranking``): on each of the three trace sets (coding, search, tool use)
-as the rollout benchmarks replay them, Kendall's tau-b within batches at steps 0, 1, 2 and 5 for Loom's
-learned model (cross-fitted by prompt, as ``loom bench rollout`` runs it), the model refined by finished
-siblings as the service serves it, and the free heuristics (a group's first finished sibling, the prompt's
-previous epoch, the prompt's length), each with a 95% interval over batches.
+as the rollout benchmarks replay them, Kendall's tau-b within batches at steps 0, 1, 2 and 5 for what the
+predictor serves (the combiner over the text model, history, siblings and step), Loom's text model alone
+(cross-fitted by prompt, as ``loom bench rollout`` runs it) and the free heuristics (a group's first finished
+sibling, the prompt's previous epoch and the mean of its earlier samples, the prompt's length), each with a
+95% interval over batches, recall of the top 10% and Pearson's r beside it, and the combiner fitted on two
+trace sets and tested on the third.
 
 Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens, in a process of its
 own as the service runs it, the contexts tokenised beforehand as the service does on each request's
@@ -47,13 +49,13 @@ from loom.predict import evaluate
 # reach them, show how far along the context starts to tell the long tail apart.
 STEPS = (0, 1, 2, 5, 10, 20)
 QUICK_TRACES = 120
+# The progressive model's training budget (the prompt-only one gets a third): about six minutes of two cores.
+STEPS_BUDGET = 1000
+QUICK_STEPS = 60
 # Heddle's two measures (§7.3), under the names the JSON gives them.
 METRICS = (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson))
 # Fewer test trajectories than this (at all, or reaching a step) say nothing about a tail of 10%.
 MIN_TRAJECTORIES = 10
-# Prompts of each trace set ranked (None: all); coding's trajectories are long, and its queries many.
-RANK_PROMPTS: dict[str, int | None] = {"coding": 64, "search": None, "tool_use": None}
-QUICK_RANK_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use": 6}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,7 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a trained progressive checkpoint directory holding model.onnx (default: train one now)",
     )
-    p.add_argument("--minutes", type=float, default=None, help="training budget (default 6; --quick 0.3)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"optimiser steps (default {STEPS_BUDGET}; --quick {QUICK_STEPS})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-out/predictor"), help="checkpoints and ONNX files")
 
@@ -74,11 +81,11 @@ def _percentiles(samples: Sequence[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(ms, 50)), 2), "p99": round(float(np.percentile(ms, 99)), 2)}
 
 
-def _train(examples: Any, out: Path, minutes: float, seed: int, method: str, epochs: int) -> tuple[Path, Any]:
+def _train(examples: Any, out: Path, steps: int, seed: int, method: str, epochs: int) -> tuple[Path, Any]:
     from loom.predict import train
     from loom.predict.export import export
 
-    cfg = train.TrainConfig(max_minutes=minutes, seed=seed, epochs=epochs)
+    cfg = train.TrainConfig(max_steps=steps, seed=seed, epochs=epochs)
     report = train.train(examples["train"], examples["val"], cfg, out)
     return export(out, out / "model.onnx", method), report
 
@@ -94,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces = list(load_traces(args.traces).values())
     if args.quick:
         traces = traces[:QUICK_TRACES]
-    minutes = args.minutes if args.minutes is not None else (0.3 if args.quick else 6.0)
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else STEPS_BUDGET)
     data = dataset.build(traces, seed=args.seed)
     prompt_data = {k: [e for e in v if e.step == 0] for k, v in data.items()}
     test_ids = sorted({e.traj_id for e in data["test"]})
@@ -104,10 +111,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is not None:
         progressive = OnnxRegressor(args.model / "model.onnx")
     else:
-        path, rep = _train(data, args.out / "progressive", minutes, args.seed, "progressive", epochs=30)
+        path, rep = _train(data, args.out / "progressive", steps, args.seed, "progressive", epochs=30)
         progressive, training["progressive"] = OnnxRegressor(path), vars(rep)
     path, rep = _train(
-        prompt_data, args.out / "prompt_only", minutes / 3, args.seed, "prompt_only", epochs=60
+        prompt_data, args.out / "prompt_only", max(1, steps // 3), args.seed, "prompt_only", epochs=60
     )
     prompt_only, training["prompt_only"] = OnnxRegressor(path), vars(rep)
     history = HistoryPredictor()
@@ -161,21 +168,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ranking(quick: bool, seed: int, console: Console) -> dict[str, Any]:
-    """Kendall's tau-b within batches per trace set, step and method (``loom.bench.predictor_ranking``)."""
+    """Kendall's tau-b within batches per trace set, step and method, with recall and Pearson's r beside it,
+    and the served combiner tested on each trace set with the other two alone (``held_out``)."""
+    from loom.bench import predictor_ranking as pr
     from loom.bench.harness.learned import cross_fitted
-    from loom.bench.predictor_ranking import STEPS as RANK_STEPS
-    from loom.bench.predictor_ranking import ranking_report
-    from loom.bench.rollout import GROUP, learned_budget, load_workload
+    from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, ROW_STEPS, row_workloads
+    from loom.bench.rollout import learned_budget
 
+    budget = learned_budget(quick, None, seed)
+    prompts = QUICK_ROW_PROMPTS if quick else ROW_PROMPTS
+    workloads = row_workloads(prompts, seed)
+    # At the combiner's row steps (the ranked ones among them): one pass of the text models serves both.
+    learned = {
+        n: cross_fitted(w, budget, console.print, steps=ROW_STEPS).totals for n, w in workloads.items()
+    }
+    served = pr.cross_fitted_served(workloads, learned, budget, prompts)
+    held_out, held_out_text = pr.held_out_served(workloads, learned, budget, prompts)
     out: dict[str, Any] = {}
-    for name, prompts in (QUICK_RANK_PROMPTS if quick else RANK_PROMPTS).items():
-        w = load_workload(name, prompts, GROUP[name], seed)
-        learned = cross_fitted(w, learned_budget(quick, None, seed), console.print, steps=RANK_STEPS)
+    for name, w in workloads.items():
         out[name] = {
             "trajectories": len(w.trajectories),
             "group": GROUP[name],
-            **ranking_report(w, learned.totals, learned.admission_log_sd, RANK_STEPS),
+            **pr.ranking_report(w, learned[name], served[name], pr.STEPS),
         }
+    out["held_out"] = {
+        name: pr.ranking_report(w, held_out_text[name], held_out[name], pr.STEPS)
+        for name, w in workloads.items()
+    }
     return out
 
 
@@ -266,12 +285,18 @@ def _print(console: Console, r: dict[str, Any]) -> None:
                 for m, v in row.items()
             )
         )
-    t = Table(title="Kendall's tau-b within batches of 8 prompts (95% interval over batches)")
-    for col in ("trace set", "step", *RANK_METHODS):
-        t.add_column(col, justify="right")
-    for name, rows in r["ranking"].items():
-        for step, methods in rows.items():
-            if step.startswith("step"):
+    for title, ranking in (
+        ("", {k: v for k, v in r["ranking"].items() if k != "held_out"}),
+        (", the combiner fitted on the other trace sets alone", r["ranking"].get("held_out", {})),
+    ):
+        t = Table(title=f"Kendall's tau-b within batches of 8 prompts (95% interval over batches){title}")
+        for col in ("trace set", "step", *RANK_METHODS, "served - best"):
+            t.add_column(col, justify="right")
+        for name, rows in ranking.items():
+            for step, methods in rows.items():
+                if not step.startswith("step"):
+                    continue
+                vs = methods.get("served_vs_best")
                 t.add_row(
                     name,
                     step[4:],
@@ -281,8 +306,11 @@ def _print(console: Console, r: dict[str, Any]) -> None:
                         else "-"
                         for m in RANK_METHODS
                     ),
+                    f"{vs['diff']:+.2f} ({vs['ci95'][0]:+.2f}..{vs['ci95'][1]:+.2f}) vs {vs['best']}"
+                    if vs
+                    else "-",
                 )
-    console.print(t)
+        console.print(t)
     lat = r["latency_ms"]
     console.print(
         "latency (ONNX Runtime): "

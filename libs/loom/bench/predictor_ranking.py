@@ -2,53 +2,53 @@
 between predicted and actual total lengths, among the trajectories of a batch still running after k calls.
 
 Heddle ranks a batch's trajectories at admission and re-ranks them as they go; what matters is the order
-within a batch, not the error of a length. Beside Loom's learned model (cross-fitted: every prompt predicted
-by the model of the fold that never saw it) stand the free heuristics a rollout system has without one:
+within a batch, not the error of a length. Beside the predictor Loom serves stand its text model alone and
+the free heuristics a rollout system has without one:
 
-- ``prompt_length``: the longer prompt runs longer;
+- ``served``: the combiner (``loom.predict.combine``) over the text model, the prompt's earlier samples, the
+  group's finished and running samples and the step, cross-fitted by prompt as the text model is (every
+  prompt predicted by a combiner fitted without it);
+- ``learned``: the text model's total alone (cross-fitted by prompt);
 - ``previous_epoch``: the prompt's sample of the previous epoch (another recorded run of the same prompt);
+- ``previous_mean``: the mean (of logs) of all of the prompt's earlier samples, the served model's history;
 - ``first_sibling``: the total of the group's first sample to finish, once one has (before that, nothing);
-- ``served``: the learned model refined by the group's finished samples (``loom.predict.blend``), as the
-  predictor service serves it.
+- ``prompt_length``: the longer prompt runs longer.
 
-A sibling counts as finished at step k when it made at most k calls: the samples of a group start together
-and their calls take about as long, so one that stopped sooner is done before the others' next call.
-Every token-length estimate is at least what the trajectory has generated so far.
+What each method knows at step k is what ``loom.bench.harness.served.known_at`` says a rollout knows (the
+prompt's other samples standing for its earlier epoch). Every token estimate is at least what the trajectory
+has generated so far.
 
 A batch is ``BATCH_PROMPTS`` consecutive prompts of the workload with all their samples; the figure is the
-mean tau-b over batches, with a 95% bootstrap interval over batches.
+mean tau-b over batches, with a 95% bootstrap interval over batches. Beside tau, as Heddle reports them,
+the recall of the top 10% and Pearson's r over all the workload's trajectories at that step; and the
+served model's tau against the best free heuristic's at that step (``served_vs_best``: the text model is
+not free), paired batch by batch.
+
+``held_out``: the combiner fitted on two workloads and tested on the third (every rotation), against the
+heuristics on that third: how it does on a workload it never saw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from loom.predict.blend import SiblingBlend
-from loom.workloads.base import Workload, WorkTraj
+from loom.bench.harness.learned import Budget, cross_fitted, fold_of
+from loom.bench.harness.served import fold_combiners, groups, known_at, rows, training_rows
+from loom.predict import combine, evaluate
+from loom.predict.combine import Known, Row
+from loom.predict.evaluate import kendall_tau_b
+from loom.workloads.base import Workload
 
 STEPS = (0, 1, 2, 5)
 BATCH_PROMPTS = 8
-METHODS = ("learned", "served", "first_sibling", "previous_epoch", "prompt_length")
-
-
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b (ties in either variable corrected for); 0 where either side is constant."""
-    a, b = np.asarray(x, float), np.asarray(y, float)
-    if len(a) != len(b):
-        raise ValueError("x and y must be of one length")
-    if len(a) < 2:
-        return 0.0
-    iu = np.triu_indices(len(a), k=1)
-    dx = np.sign(a[:, None] - a[None, :])[iu]
-    dy = np.sign(b[:, None] - b[None, :])[iu]
-    pairs = len(dx)
-    untied_x, untied_y = pairs - np.count_nonzero(dx == 0), pairs - np.count_nonzero(dy == 0)
-    if untied_x == 0 or untied_y == 0:
-        return 0.0
-    return float(np.sum(dx * dy) / np.sqrt(float(untied_x) * float(untied_y)))
+HEURISTICS = ("learned", "previous_epoch", "previous_mean", "first_sibling", "prompt_length")
+METHODS = ("served", *HEURISTICS)
+# What a rollout system has without a trained model: the bar the served predictor is held to.
+FREE = tuple(m for m in HEURISTICS if m != "learned")
 
 
 @dataclass(frozen=True)
@@ -60,96 +60,171 @@ class TauInterval:
     trajectories: int
 
 
-def _generated(t: WorkTraj, k: int) -> float:
-    return float(sum(s.output_len for s in t.steps[:k]))
-
-
-def _groups(workload: Workload) -> dict[str, list[WorkTraj]]:
-    out: dict[str, list[WorkTraj]] = {}
-    for t in workload.trajectories:
-        out.setdefault(t.prompt, []).append(t)
+def heuristic_scores(known: Mapping[str, Known]) -> dict[str, dict[str, float]]:
+    """Each heuristic's score for every trajectory in ``known`` (id -> score)."""
+    out: dict[str, dict[str, float]] = {m: {} for m in HEURISTICS}
+    for tid, k in known.items():
+        g = k.generated
+        out["learned"][tid] = max(k.model_total or 0.0, g)
+        out["previous_epoch"][tid] = max(k.history[-1], g) if k.history else g
+        out["previous_mean"][tid] = (
+            max(float(np.exp(np.mean(np.log(np.maximum(k.history, 1.0))))), g) if k.history else g
+        )
+        out["first_sibling"][tid] = max(k.finished[0], g) if k.finished else g
+        out["prompt_length"][tid] = k.prompt_len
     return out
 
 
-def scores(
-    workload: Workload, k: int, learned: dict[str, np.ndarray], model_log_sd: float
-) -> dict[str, dict[str, float]]:
-    """Each method's score for every trajectory still running after ``k`` calls (id -> score)."""
-    groups = _groups(workload)
-    out: dict[str, dict[str, float]] = {m: {} for m in METHODS}
-    blend = SiblingBlend(model_log_sd)
-    first_done: dict[str, WorkTraj | None] = {}
-    for prompt, samples in groups.items():
-        finished = sorted(
-            (s for s in samples if len(s.steps) <= k), key=lambda s: (len(s.steps), s.output_tokens)
-        )
-        first_done[prompt] = finished[0] if finished else None
-        for s in finished:
-            blend.observe(prompt, s.output_tokens, float(learned[s.id][0]))
-    for prompt, samples in groups.items():
-        first = first_done[prompt]
-        for i, t in enumerate(samples):
-            if len(t.steps) <= k:
-                continue
-            g = _generated(t, k)
-            model = float(learned[t.id][k])
-            previous = samples[(i + 1) % len(samples)] if len(samples) > 1 else None
-            out["learned"][t.id] = max(model, g)
-            out["served"][t.id] = blend.total(prompt, model, g)
-            out["first_sibling"][t.id] = max(float(first.output_tokens), g) if first is not None else g
-            out["previous_epoch"][t.id] = max(float(previous.output_tokens), g) if previous else g
-            out["prompt_length"][t.id] = float(t.steps[0].input_len)
+def cross_fitted_served(
+    workloads: Mapping[str, Workload],
+    learned: Mapping[str, Mapping[str, np.ndarray]],
+    budget: Budget,
+    prompts: Mapping[str, int | None],
+    steps: Sequence[int] = STEPS,
+) -> dict[str, dict[int, dict[str, float]]]:
+    """workload -> step -> id -> the served total, each prompt's by the combiner of its fold (fitted on
+    the rows of every other fold's prompts, of all the workloads)."""
+    models = fold_combiners(budget, prompts)
+    out = {}
+    for name, w in workloads.items():
+        rs = rows(w, learned[name], steps)
+        out[name] = _predict(rs, lambda r: models[fold_of(r.prompt, budget.folds, budget.seed)])
+    return out
+
+
+def held_out_served(
+    workloads: Mapping[str, Workload],
+    learned: Mapping[str, Mapping[str, np.ndarray]],
+    budget: Budget,
+    prompts: Mapping[str, int | None],
+    steps: Sequence[int] = STEPS,
+) -> tuple[dict[str, dict[int, dict[str, float]]], dict[str, dict[str, np.ndarray]]]:
+    """workload -> step -> id -> the served total on a workload the predictor was not trained on, and the
+    text model's totals there (workload -> id -> per step): the text
+    model trained on the other trace sets alone, the combiner fitted on the other workloads' rows alone (their
+    text estimates cross-fitted by prompt, as in service)."""
+    train = training_rows(budget, prompts)
+    out, texts = {}, {}
+    for name, w in workloads.items():
+        text = cross_fitted(w, dataclasses.replace(budget, folds=1, held_out=name), steps=steps).totals
+        model = combine.fit([r for other, rs in train.items() if other != name for r in rs], budget.seed)
+        out[name] = {
+            k: {tid: model.total(known) for tid, known in known_at(w, k, text).items()} for k in steps
+        }
+        texts[name] = text
+    return out, texts
+
+
+def _predict(rs: Sequence[Row], model_of: Callable[[Row], combine.Combiner]) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for r in rs:
+        out.setdefault(r.known.step, {})[r.trajectory] = model_of(r).total(r.known)
     return out
 
 
 def within_batches(
     workload: Workload,
-    by_method: dict[str, dict[str, float]],
+    by_method: Mapping[str, Mapping[str, float]],
     batch_prompts: int = BATCH_PROMPTS,
     samples: int = 2000,
     seed: int = 0,
 ) -> dict[str, TauInterval]:
     """Each method's mean tau-b over batches of ``batch_prompts`` prompts, with a bootstrap interval."""
-    prompts = list(_groups(workload))
-    actual = {t.id: float(t.output_tokens) for t in workload.trajectories}
-    prompt_of = {t.id: t.prompt for t in workload.trajectories}
-    batches = [set(prompts[i : i + batch_prompts]) for i in range(0, len(prompts), batch_prompts)]
+    per_batch = batch_taus(workload, by_method, batch_prompts)
     rng = np.random.default_rng(seed)
     out: dict[str, TauInterval] = {}
-    for method, score in by_method.items():
-        taus = []
-        for batch in batches:
-            ids = [i for i in score if prompt_of[i] in batch]
-            if len(ids) >= 2:
-                taus.append(kendall_tau_b([score[i] for i in ids], [actual[i] for i in ids]))
+    for method, taus in per_batch.items():
         if not taus:
             continue
         v = np.asarray(taus)
         means = v[rng.integers(0, len(v), (samples, len(v)))].mean(axis=1)
         low, high = np.percentile(means, [2.5, 97.5])
-        out[method] = TauInterval(float(v.mean()), float(low), float(high), len(v), len(score))
+        out[method] = TauInterval(float(v.mean()), float(low), float(high), len(v), len(by_method[method]))
+    return out
+
+
+def batch_taus(
+    workload: Workload, by_method: Mapping[str, Mapping[str, float]], batch_prompts: int = BATCH_PROMPTS
+) -> dict[str, list[float]]:
+    """Each method's tau-b in every batch with two or more of its trajectories scored (one list per
+    method, batch by batch in the workload's order: paired across methods)."""
+    prompts = list(groups(workload))
+    actual = {t.id: float(t.output_tokens) for t in workload.trajectories}
+    prompt_of = {t.id: t.prompt for t in workload.trajectories}
+    batches = [set(prompts[i : i + batch_prompts]) for i in range(0, len(prompts), batch_prompts)]
+    out: dict[str, list[float]] = {}
+    for method, score in by_method.items():
+        taus = out.setdefault(method, [])
+        for batch in batches:
+            ids = [i for i in score if prompt_of[i] in batch]
+            if len(ids) >= 2:
+                taus.append(kendall_tau_b([score[i] for i in ids], [actual[i] for i in ids]))
+    return out
+
+
+def _paired(
+    ours: Sequence[float], theirs: Sequence[float], samples: int = 2000, seed: int = 0
+) -> dict[str, object]:
+    gain = np.asarray(ours) - np.asarray(theirs)
+    rng = np.random.default_rng(seed)
+    means = gain[rng.integers(0, len(gain), (samples, len(gain)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {
+        "diff": round(float(gain.mean()), 3),
+        "ci95": [round(float(low), 3), round(float(high), 3)],
+        "p_better": round(float(np.mean(means > 0)), 3),
+    }
+
+
+def step_report(
+    workload: Workload, by_method: Mapping[str, Mapping[str, float]], bootstrap_samples: int = 500
+) -> dict[str, object]:
+    """One step's figures: per method tau (interval), recall of the top 10% and Pearson's r (intervals,
+    over the trajectories), and the served model against the best heuristic, paired by batch."""
+    actual_of = {t.id: float(t.output_tokens) for t in workload.trajectories}
+    taus = within_batches(workload, by_method)
+    per_batch = batch_taus(workload, by_method)
+    out: dict[str, object] = {}
+    for m, iv in taus.items():
+        ids = sorted(by_method[m])
+        actual = [actual_of[i] for i in ids]
+        predicted = [by_method[m][i] for i in ids]
+        row: dict[str, object] = {
+            "tau": round(iv.estimate, 3),
+            "ci95": [round(iv.low, 3), round(iv.high, 3)],
+            "batches": iv.batches,
+            "trajectories": iv.trajectories,
+        }
+        if len(ids) >= 10:
+            for name, metric in (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson)):
+                b = evaluate.bootstrap(metric, actual, predicted, samples=bootstrap_samples)
+                row[name] = round(b.estimate, 3)
+                row[f"{name}_ci95"] = [round(b.low, 3), round(b.high, 3)]
+        out[m] = row
+    heuristics = [m for m in taus if m in FREE]
+    if "served" in taus and heuristics:
+        best = max(heuristics, key=lambda m: taus[m].estimate)
+        out["served_vs_best"] = {"best": best, **_paired(per_batch["served"], per_batch[best])}
     return out
 
 
 def ranking_report(
     workload: Workload,
-    learned: dict[str, np.ndarray],
-    model_log_sd: float,
+    learned: Mapping[str, np.ndarray],
+    served: Mapping[int, Mapping[str, float]] | None = None,
     steps: Sequence[int] = STEPS,
-) -> dict[str, dict[str, dict[str, object]]]:
-    """step -> method -> {tau, ci95, batches, trajectories}, for the steps some trajectories reach."""
-    report: dict[str, dict[str, dict[str, object]]] = {}
+) -> dict[str, dict[str, object]]:
+    """step -> method -> figures (and ``served_vs_best``), for the steps some trajectories reach."""
+    report: dict[str, dict[str, object]] = {}
     for k in steps:
-        taus = within_batches(workload, scores(workload, k, learned, model_log_sd))
-        if not taus:
+        known = known_at(workload, k, learned)
+        if len(known) < 2:
             continue
-        report[f"step{k}"] = {
-            m: {
-                "tau": round(iv.estimate, 3),
-                "ci95": [round(iv.low, 3), round(iv.high, 3)],
-                "batches": iv.batches,
-                "trajectories": iv.trajectories,
-            }
-            for m, iv in taus.items()
-        }
+        by_method: dict[str, Mapping[str, float]] = {}
+        if served is not None and k in served:
+            by_method["served"] = served[k]
+        by_method |= heuristic_scores(known)
+        fig = step_report(workload, by_method)
+        if any(m in fig for m in METHODS):
+            report[f"step{k}"] = fig
     return report

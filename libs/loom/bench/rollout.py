@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.bench.harness.cluster import Cluster
-from loom.bench.harness.learned import FOLDS, MINUTES_PER_FOLD, Budget, Learned, cross_fitted
+from loom.bench.harness.learned import FOLDS, STEPS_PER_FOLD, Budget, Learned
 from loom.bench.harness.rollout import PREDICTORS, run_rollout
+from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, served
 from loom.bench.registry import Benchmark
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
@@ -28,9 +29,8 @@ from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
 
 BASELINES = ("verl", "verl_star", "slime")
-GROUP = {"coding": 16, "search": 5, "tool_use": 4}
-# A small version of the cross-fitting for --quick: two folds, fifteen seconds of training each.
-QUICK_BUDGET = Budget(minutes_per_fold=0.25, folds=2)
+# A small version of the cross-fitting for --quick: two folds of fifty steps each (about fifteen seconds).
+QUICK_BUDGET = Budget(steps_per_fold=50, folds=2)
 # Mean environment time per call: the workloads' own tool models (tool use mixes fast API calls with
 # simulated-user turns, about 0.3 s on average).
 TOOL_S = {"coding": CODING_TOOL_S, "search": SEARCH_TOOL_S, "tool_use": 0.3}
@@ -50,11 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Loom's learned model, cross-fitted by prompt (default); oracle, history, none: ablations",
     )
     p.add_argument(
-        "--predictor-minutes",
-        type=float,
+        "--predictor-steps",
+        type=int,
         default=None,
-        help=f"training budget per fold of the learned predictor (default {MINUTES_PER_FOLD:g}; quick "
-        f"{QUICK_BUDGET.minutes_per_fold:g} with {QUICK_BUDGET.folds} folds); cached under $LOOM_HOME",
+        help=f"optimiser steps per fold of the learned predictor (default {STEPS_PER_FOLD}; quick "
+        f"{QUICK_BUDGET.steps_per_fold} with {QUICK_BUDGET.folds} folds); cached under $LOOM_HOME",
     )
     p.add_argument(
         "--siblings",
@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     learned = None
     if args.predictor == "learned":
-        learned = cross_fitted(workload, learned_budget(args.quick, args.predictor_minutes, args.seed))
+        budget = learned_budget(args.quick, args.predictor_steps, args.seed)
+        learned = served(workload, budget, QUICK_ROW_PROMPTS if args.quick else ROW_PROMPTS)
     cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=TOOL_S[args.workload])
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
@@ -134,9 +135,9 @@ def load_workload(
     return WORKLOADS[name](prompts=prompts, group_size=group, seed=seed, path=traces, **extra)
 
 
-def learned_budget(quick: bool, minutes: float | None, seed: int) -> Budget:
-    base = QUICK_BUDGET if quick else Budget(MINUTES_PER_FOLD, FOLDS)
-    return Budget(minutes if minutes is not None else base.minutes_per_fold, base.folds, seed)
+def learned_budget(quick: bool, steps: int | None, seed: int) -> Budget:
+    base = QUICK_BUDGET if quick else Budget(STEPS_PER_FOLD, FOLDS)
+    return Budget(steps if steps is not None else base.steps_per_fold, base.folds, seed)
 
 
 def prediction_quality(workload: Workload, learned: Learned) -> dict[str, Any]:

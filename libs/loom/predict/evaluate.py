@@ -2,7 +2,8 @@
 
 - recall of the long tail: of the trajectories truly in the top ``tail`` fraction by total length, the share
   that the predictor also puts in its top ``tail``;
-- Pearson's r between predicted and actual total length.
+- Pearson's r between predicted and actual total length;
+- Kendall's tau-b, for the order within a batch.
 """
 
 from __future__ import annotations
@@ -35,6 +36,23 @@ def pearson(predicted: Sequence[float], actual: Sequence[float]) -> float:
     if np.ptp(p) == 0 or np.ptp(a) == 0:
         return 0.0
     return float(np.corrcoef(p, a)[0, 1])
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b (ties in either variable corrected for); 0 where either side is constant."""
+    a, b = np.asarray(x, float), np.asarray(y, float)
+    if len(a) != len(b):
+        raise ValueError("x and y must be of one length")
+    if len(a) < 2:
+        return 0.0
+    iu = np.triu_indices(len(a), k=1)
+    dx = np.sign(a[:, None] - a[None, :])[iu]
+    dy = np.sign(b[:, None] - b[None, :])[iu]
+    pairs = len(dx)
+    untied_x, untied_y = pairs - np.count_nonzero(dx == 0), pairs - np.count_nonzero(dy == 0)
+    if untied_x == 0 or untied_y == 0:
+        return 0.0
+    return float(np.sum(dx * dy) / np.sqrt(float(untied_x) * float(untied_y)))
 
 
 def log_error_sd(predicted: Sequence[float], actual: Sequence[float]) -> float:

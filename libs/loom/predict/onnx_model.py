@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from loom.predict import context
+from loom.predict.combine import Combiner
 from loom.predict.dataset import Example
 from loom.predict.evaluate import log_error_sd, log_slope
 from loom.text.tokenizer import qwen_tokenizer
@@ -48,6 +49,8 @@ class OnnxRegressor:
         # of true on predicted log totals), where training measured them.
         self.admission_log_sd: float | None = meta.get("admission_log_sd")
         self.admission_slope: float = float(meta.get("admission_slope", 1.0))
+        # What the service serves on top of it (``loom.predict.combine``), fitted on held-out prompts.
+        self.combiner = Combiner.from_json(meta["combiner"]) if "combiner" in meta else None
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

@@ -1,5 +1,10 @@
 """Training the length regressor: AdamW on standardised log(1 + remaining), early stopping on the validation
-split, a checkpoint after every epoch that ``resume`` picks up, and a wall-clock budget."""
+split, a checkpoint after every epoch that ``resume`` picks up, and a budget of optimiser steps.
+
+The budget is counted in steps, never in wall-clock time, and the run is seeded and single-ordered (a fixed
+number of threads, deterministic kernels): the same examples, budget and seed give the same model on a fast
+machine and on a slow or busy one. A minute's budget once gave a slower machine a model a third as trained,
+and every benchmark that cross-fits the predictor moved with it."""
 
 from __future__ import annotations
 
@@ -32,10 +37,13 @@ class TrainConfig:
     batch_size: int = 32
     lr: float | None = None  # 2e-3 from scratch, 3e-5 for a pretrained checkpoint
     weight_decay: float = 0.01
-    max_minutes: float = 10.0
+    # Optimiser steps (batches) in all; None: the epochs and early stopping alone end it. The learning-rate
+    # schedule is laid over the budget, so a short budget still ends at a low rate.
+    max_steps: int | None = None
     patience: int = 6
     seed: int = 0
-    threads: int | None = None
+    # Intra-op threads: a matmul's sums are split by thread, so a model is reproducible only at one count.
+    threads: int = 2
     # Random, frozen token embeddings (random features of the bag of tokens) generalised worse than
     # trained ones on the SWE split; kept as an option for smaller trace sets.
     freeze_embeddings: bool = False
@@ -196,9 +204,26 @@ def train(
     ``on_step(step, planned, loss)`` reports progress (a progress bar, say)."""
     if not train_set:
         raise ValueError("no training examples")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    deadline = time.monotonic() + cfg.max_minutes * 60
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(train_set, val_set, cfg, out, resume, on_step)
+    finally:  # the process's own settings back: a benchmark trains folds and then runs on its threads
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(
+    train_set: Sequence[Example],
+    val_set: Sequence[Example],
+    cfg: TrainConfig,
+    out: Path,
+    resume: bool,
+    on_step: Callable[[int, int, float], None] | None,
+) -> TrainReport:
     started = time.monotonic()
     state_path = out / "train_state.pt"
     model = regressor.build(cfg.base, cfg.seed)
@@ -213,6 +238,8 @@ def train(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     per_epoch = math.ceil(len(train_set) / cfg.batch_size)
     planned = per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        planned = min(planned, cfg.max_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / planned)))
     )
@@ -255,7 +282,7 @@ def train(
             losses.append(loss.item())
             if on_step:
                 on_step(step, planned, losses[-1])
-            if time.monotonic() > deadline:
+            if step >= planned:
                 break
         epoch += 1
         train_loss = float(np.mean(losses)) if losses else float("nan")
@@ -279,7 +306,7 @@ def train(
             },
             state_path,
         )
-        if time.monotonic() > deadline:
+        if step >= planned:
             break
     gates: list[float] = []
     if val_set and (out / "model.pt").exists():

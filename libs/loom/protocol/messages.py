@@ -345,6 +345,7 @@ class TrajDone(Struct):
     output_tokens: NonNeg
     n_steps: NonNeg
     task_id: str = ""
+    group: int = -1  # the job's group it sampled (-1: unknown): a predictor tells siblings from history by it
 
 
 # ---------------------------------------------------------------- generation
@@ -533,6 +534,13 @@ class PredictRequest(Struct):
     # oldest first), clipped by the sender with loom.predict.context so that a request stays small.
     prompt: str = ""
     pieces: list[str] = []
+    # The job's group the trajectory samples (-1: unknown, as for a whole task's estimate at planning):
+    # finished samples of the same group are its siblings, those of other groups the prompt's history.
+    group: int = -1
+    prompt_tokens: NonNeg = 0  # tokens of its prompt, its first call's input (0: unknown)
+    workload: str = (
+        ""  # the trace set its task comes from, where the task says (``TaskSpec.data["workload"]``)
+    )
 
 
 class Prediction(Struct):

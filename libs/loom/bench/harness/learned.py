@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,9 @@ from loom.predict.onnx_model import meta_path
 from loom.workloads.base import Workload, WorkTraj
 
 FOLDS = 5
-MINUTES_PER_FOLD = 1.0
+# Optimiser steps per fold model: what a minute of training reached on an idle two-core machine, counted so
+# that every machine trains the same models (``loom.predict.train``).
+STEPS_PER_FOLD = 200
 # Share of each fold's training prompts held out to choose its epoch and its gates.
 VAL_SHARE = 0.125
 BATCH = 256
@@ -51,7 +54,7 @@ def cache_root() -> Path:
 
 # Bumped when this module changes how folds are trained (MODEL) or how a trajectory is queried (QUERY): the
 # library code both depend on is hashed into the cache keys by itself.
-MODEL_VERSION = 2
+MODEL_VERSION = 3
 QUERY_VERSION = 1
 
 
@@ -71,16 +74,25 @@ def _code_version() -> str:
 
 @dataclass(frozen=True)
 class Budget:
-    minutes_per_fold: float = MINUTES_PER_FOLD
+    steps_per_fold: int = STEPS_PER_FOLD
     folds: int = FOLDS
     seed: int = 0
+    # A trace set none of the models saw: one model, trained on the others, predicts every trajectory (a test
+    # on a workload the predictor was not trained on). Empty: cross-fitted by prompt.
+    held_out: str = ""
+
+    def __post_init__(self) -> None:
+        if self.held_out and self.folds != 1:
+            raise ValueError("a held-out trace set is predicted by one model: folds must be 1")
 
     def key(self) -> str:
         h = hashlib.sha1(_code_version().encode())
         for name in trace_sets.SETS:
             for t in trace_sets.trace_set(name):
                 h.update(f"{t.id}:{len(t.steps)}:{t.total_completion_tokens};".encode())
-        h.update(f"{self.minutes_per_fold}:{self.folds}:{self.seed}".encode())
+        h.update(f"{self.steps_per_fold}:{self.folds}:{self.seed}".encode())
+        if self.held_out:
+            h.update(f":held_out={self.held_out}".encode())
         return h.hexdigest()[:16]
 
 
@@ -104,11 +116,12 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
         return paths
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     todo = sum(not _calibrated(p) for p in paths)
-    # A fold trains for its budget, then is exported and calibrated (about 10 s more); reading the traces
-    # into examples takes about 30 s on two cores. Said up front: a first run is otherwise minutes of silence.
-    eta_s = 30 + todo * (60 * budget.minutes_per_fold + 10)
+    # A fold trains its steps (about 0.6 s each on two cores), then is exported and calibrated (about 10 s
+    # more); reading the traces into examples takes about 30 s. Said up front: a first run is otherwise
+    # minutes of silence.
+    eta_s = 30 + todo * (0.6 * budget.steps_per_fold + 10)
     say(
-        f"learned predictor: training {todo} of {budget.folds} fold models ({budget.minutes_per_fold:g} min "
+        f"learned predictor: training {todo} of {budget.folds} fold models ({budget.steps_per_fold} steps "
         f"each), about {eta_s / 60:.1f} min; once: cached in {root} for later runs"
     )
     traces = list(_all_traces().values())
@@ -123,11 +136,14 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
         if _calibrated(path):
             continue
         t0 = time.monotonic()
-        rest = [e for e in examples if fold_of(e.task_id, budget.folds, budget.seed) != f]
+        if budget.held_out:  # one model (fold_of is 0 for every prompt): the other trace sets
+            rest = [e for e in examples if workload_of[e.task_id] != budget.held_out]
+        else:
+            rest = [e for e in examples if fold_of(e.task_id, budget.folds, budget.seed) != f]
         is_val = [zlib.crc32(f"val:{e.task_id}".encode()) / 2**32 < VAL_SHARE for e in rest]
         train_set = [e for e, v in zip(rest, is_val, strict=True) if not v]
         val_set = [e for e, v in zip(rest, is_val, strict=True) if v]
-        cfg = train.TrainConfig(max_minutes=budget.minutes_per_fold, seed=budget.seed)
+        cfg = train.TrainConfig(max_steps=budget.steps_per_fold, seed=budget.seed)
         report = train.train(train_set, val_set, cfg, path.parent)
         export(path.parent, path, "progressive")
         first = [e for e in val_set if e.step == 0]
@@ -169,6 +185,11 @@ class Learned:
     totals: dict[str, np.ndarray]
     admission_log_sd: float
     admission_slope: float = 1.0  # how much of a difference between two of them is real
+    # What the predictor serves on top of the text model (``loom.bench.harness.served``): a combiner per
+    # fold, each trajectory served by its prompt's fold's. Empty: the text model alone.
+    combiners: tuple[Any, ...] = ()
+    folds: int = FOLDS
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,26 +239,38 @@ def _predict(
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
     models = [OnnxRegressor(p) for p in paths]
-    traces = _all_traces()
-    by_fold: dict[int, list[tuple[str, int, _Query]]] = {}
-    cache: dict[str, list[int]] = {}
-    for t in workload.trajectories:
-        trace = traces[t.trace]
-        f = fold_of(prompt_of(trace), budget.folds, budget.seed)
-        for k, ids, feats in _queries(t, trace, cache, steps):
-            by_fold.setdefault(f, []).append((t.id, k, _Query(ids, feats)))
-    fill = 0.0 if steps is None else np.nan
-    out = {t.id: np.full(len(t.steps), fill, dtype=np.float64) for t in workload.trajectories}
-    for f, items in by_fold.items():
-        for i in range(0, len(items), BATCH):
-            chunk = items[i : i + BATCH]
-            remaining = models[f].remaining([q for _, _, q in chunk])
-            for (tid, k, _), r in zip(chunk, remaining, strict=True):
-                out[tid][k] = r
-    for t in workload.trajectories:
-        out[t.id] += np.cumsum([0, *(s.output_len for s in t.steps[:-1])])
+    out = totals_by(
+        workload, lambda trace: models[fold_of(prompt_of(trace), budget.folds, budget.seed)], steps
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, **out)  # type: ignore[arg-type]
     tmp.replace(path)
+    return out
+
+
+def totals_by(
+    workload: Workload, model_of: Callable[[Trace], Any], steps: Sequence[int] | None = None
+) -> dict[str, np.ndarray]:
+    """Each trajectory's predicted total after 0 .. n - 1 calls (or at ``steps``, NaN elsewhere) by the
+    exported model ``model_of`` its recorded trace (an ``OnnxRegressor``), in batches per model."""
+    traces = _all_traces()
+    by_model: dict[int, tuple[Any, list[tuple[str, int, _Query]]]] = {}
+    cache: dict[str, list[int]] = {}
+    for t in workload.trajectories:
+        trace = traces[t.trace]
+        model = model_of(trace)
+        items = by_model.setdefault(id(model), (model, []))[1]
+        for k, ids, feats in _queries(t, trace, cache, steps):
+            items.append((t.id, k, _Query(ids, feats)))
+    fill = 0.0 if steps is None else np.nan
+    out = {t.id: np.full(len(t.steps), fill, dtype=np.float64) for t in workload.trajectories}
+    for model, items in by_model.values():
+        for i in range(0, len(items), BATCH):
+            chunk = items[i : i + BATCH]
+            remaining = model.remaining([q for _, _, q in chunk])
+            for (tid, k, _), r in zip(chunk, remaining, strict=True):
+                out[tid][k] = r
+    for t in workload.trajectories:
+        out[t.id] += np.cumsum([0, *(s.output_len for s in t.steps[:-1])])
     return out

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from loom.bench.harness import served as served_predictor
 from loom.bench.harness.bounds import lower_bound_terms
 from loom.bench.harness.cluster import Cluster, allocate, tool_time
-from loom.bench.harness.learned import Learned, cross_fitted
+from loom.bench.harness.learned import Budget, Learned, fold_of
+from loom.bench.harness.served import prompt_key
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.model.perf import PerfModel
 from loom.engine.sim.core import HICACHE_RATIO, Speculation, build_core
@@ -32,6 +34,7 @@ from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.profiles import placement_weights
 from loom.policies.routing import RouterView, make_routing
 from loom.predict.blend import SiblingBlend
+from loom.predict.combine import Known
 from loom.predict.history import HistoryPredictor
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkTraj
@@ -46,7 +49,7 @@ class _Predictor:
     """Total-length estimates: Loom's learned model, exact (oracle), per-prompt history, or none (no
     information: all equal)."""
 
-    def __init__(self, kind: str, learned: Learned | None = None) -> None:
+    def __init__(self, kind: str, learned: Learned | None = None, workload: str = "") -> None:
         if kind not in PREDICTORS:
             raise ValueError(f"unknown predictor {kind!r}; one of {PREDICTORS}")
         if kind == "learned" and learned is None:
@@ -56,21 +59,46 @@ class _Predictor:
         # How far apart two estimates at admission must be to mean anything (0: exact, or all alike).
         self.admission_log_sd = learned.admission_log_sd if learned else 0.0
         self.admission_slope = learned.admission_slope if learned else 1.0
-        # The service refines the model's estimates by the finished samples of the same prompt.
-        self.blend = SiblingBlend(learned.admission_log_sd) if learned else None
+        # The service combines the model's estimates with the group's finished and running samples
+        # (``loom.predict.combine``); without combiners, it refines them by the finished samples alone.
+        self.combiners = learned.combiners if learned and kind == "learned" else ()
+        self.folds, self.seed = (learned.folds, learned.seed) if learned else (0, 0)
+        self.blend = SiblingBlend(learned.admission_log_sd) if learned and not self.combiners else None
+        self.finished_totals: dict[str, list[float]] = {}  # prompt -> its samples' totals, as they finish
+        self.progress: dict[str, dict[str, tuple[int, float]]] = {}  # prompt -> running id -> (calls, tokens)
         self.history = HistoryPredictor()
         self.history_context: dict[str, list[float]] = {}
+        self.workload = workload
 
     def total(self, t: WorkTraj, generated: int, calls: int) -> float:
         """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
         if self.kind == "oracle":
             return float(t.output_tokens)
+        if self.combiners:
+            known = self.known(t, generated, calls)
+            return self.combiners[fold_of(prompt_key(t), self.folds, self.seed)].total(known)
         if self.blend is not None:
             model = float(self.learned[t.id][min(calls, len(t.steps) - 1)])
             return self.blend.total(t.prompt, model, generated)
         if self.kind == "history":
             return self.history.predict_total(t.prompt, generated)
         return 1.0  # no information: every trajectory alike, so placement balances counts
+
+    def known(self, t: WorkTraj, generated: int, calls: int) -> Known:
+        """What the predictor service would know of ``t`` now (its own progress is recorded for its
+        siblings to read): its group's samples finished so far, in the order they finished, and the running
+        ones' progress as of their last estimate. A single epoch: no earlier samples of the prompt."""
+        group = self.progress.setdefault(t.prompt, {})
+        group[t.id] = (calls, float(generated))
+        return Known(
+            calls,
+            float(generated),
+            float(t.steps[0].input_len),
+            float(self.learned[t.id][min(calls, len(t.steps) - 1)]),
+            finished=tuple(self.finished_totals.get(t.prompt, ())),
+            running=tuple(v for k, v in group.items() if k != t.id),
+            workload=t.task or self.workload,
+        )
 
     def context(self, t: WorkTraj) -> float:
         """The trajectory's mean context while it generates: what it holds of a worker's KV cache."""
@@ -103,10 +131,17 @@ class _Predictor:
         return tool_time(cluster, total)
 
     def finished(self, t: WorkTraj) -> None:
+        self.finished_totals.setdefault(t.prompt, []).append(float(t.output_tokens))
+        self.progress.get(t.prompt, {}).pop(t.id, None)
         self.history_context.setdefault(t.prompt, []).append(mean_context(t))
         self.history.observe(t.prompt, t.output_tokens)
         if self.blend is not None:
             self.blend.observe(t.prompt, t.output_tokens, float(self.learned[t.id][0]))
+
+    @property
+    def refines(self) -> bool:
+        """Whether a finished sample moves its siblings' estimates."""
+        return bool(self.combiners) or self.blend is not None
 
     @property
     def discriminates(self) -> bool:
@@ -219,8 +254,8 @@ def run_rollout(
     trajs = workload.trajectories
     n = len(trajs)
     if predictor == "learned" and learned is None:
-        learned = cross_fitted(workload)
-    pred = _Predictor(predictor, learned)
+        learned = served_predictor.served(workload, Budget())
+    pred = _Predictor(predictor, learned, workload.name)
     initial = coarsen([pred.total(t, 0, 0) for t in trajs], pred.admission_log_sd, pred.admission_slope)
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     steps = [st for t in trajs for st in t.steps]
@@ -358,7 +393,7 @@ def run_rollout(
             last_worker[i] = w
             sim.end_prefix(engines[w], str(i))
             pred.finished(t)
-            if pred.blend is not None:
+            if pred.refines:
                 # A finished sample moves its siblings' estimates (the predictor service publishes them):
                 # their waiting requests are re-keyed and the migration planner sees them.
                 for j in siblings[t.prompt]:

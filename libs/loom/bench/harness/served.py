@@ -1,0 +1,171 @@
+"""The predictor Loom serves, in the harness: the combiner (``loom.predict.combine``) over the text model's
+cross-fitted estimates, itself cross-fitted by prompt.
+
+Its training rows are the three trace sets as ``loom bench predictor`` ranks them (``GROUP`` samples a
+prompt), at ``ROW_STEPS``, each row what a rollout knows of a trajectory at that step (``known_at``). Fold
+f's combiner is fitted on the rows of every prompt outside the text model's fold f, so a trajectory is served
+by a text model and a combiner that never saw its prompt. The combiners are cached beside the fold models.
+
+In a row, the prompt's other samples stand for its earlier epoch: each sample's history is the others, the
+latest of them the one the ``previous_epoch`` heuristic takes. A sibling counts as finished at step k when it
+made at most k calls: the samples of a group start together and their calls take about as long, so one
+that stopped sooner is done before the others' next call; a running sibling has generated what its first k
+calls did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any
+
+import numpy as np
+
+from loom.bench.harness.learned import Budget, Learned, cache_root, cross_fitted, fold_of, totals_by
+from loom.predict import combine
+from loom.predict.combine import Known, Row
+from loom.workloads import WORKLOADS
+from loom.workloads.base import Workload, WorkTraj
+
+# Samples per prompt, per workload: the benchmarks' groups (search and tool use hold 5 and 4 recorded trials).
+GROUP = {"coding": 16, "search": 5, "tool_use": 4}
+# Prompts of each trace set ranked and trained on (None: all); coding's trajectories are long, its rows many.
+ROW_PROMPTS: dict[str, int | None] = {"coding": 64, "search": None, "tool_use": None}
+QUICK_ROW_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use": 6}
+# Where rows are taken: the early steps each, then sparser (coding runs to a hundred calls).
+ROW_STEPS = (0, 1, 2, 3, 5, 8, 12, 20, 30, 50)
+BATCH_PROMPTS = 8
+VERSION = 2
+
+
+def row_workloads(prompts: Mapping[str, int | None], seed: int) -> dict[str, Workload]:
+    return {
+        name: WORKLOADS[name](prompts=n, group_size=GROUP[name], seed=seed, **_siblings(name))
+        for name, n in prompts.items()
+    }
+
+
+def _siblings(name: str) -> dict[str, str]:
+    return {"siblings": "varied"} if name == "coding" else {}
+
+
+def _generated(t: WorkTraj, k: int) -> float:
+    return float(sum(s.output_len for s in t.steps[:k]))
+
+
+def groups(workload: Workload) -> dict[str, list[WorkTraj]]:
+    out: dict[str, list[WorkTraj]] = {}
+    for t in workload.trajectories:
+        out.setdefault(t.prompt, []).append(t)
+    return out
+
+
+def prompt_key(t: WorkTraj) -> str:
+    """The prompt as the text model's folds deal it (a recorded run's id up to ``#trial``)."""
+    return t.trace.split("#", 1)[0] if t.trace else t.prompt
+
+
+def known_at(workload: Workload, k: int, learned: Mapping[str, np.ndarray]) -> dict[str, Known]:
+    """What a rollout knows of every trajectory still running after ``k`` calls (id -> Known)."""
+    out: dict[str, Known] = {}
+    for samples in groups(workload).values():
+        n = len(samples)
+        finished = sorted(
+            (s for s in samples if len(s.steps) <= k), key=lambda s: (len(s.steps), s.output_tokens)
+        )
+        for i, t in enumerate(samples):
+            if len(t.steps) <= k:
+                continue
+            model = float(learned[t.id][k]) if t.id in learned else float("nan")
+            out[t.id] = Known(
+                step=k,
+                generated=_generated(t, k),
+                prompt_len=float(t.steps[0].input_len),
+                model_total=None if np.isnan(model) else model,
+                # Oldest first: the last is the sample ``previous_epoch`` takes.
+                history=tuple(float(samples[(i + j) % n].output_tokens) for j in range(n - 1, 0, -1)),
+                finished=tuple(float(s.output_tokens) for s in finished),
+                running=tuple((k, _generated(s, k)) for s in samples if s is not t and len(s.steps) > k),
+                workload=t.task or workload.name,
+            )
+    return out
+
+
+def rows(workload: Workload, learned: Mapping[str, np.ndarray], steps: Sequence[int]) -> list[Row]:
+    """Every trajectory at every step of ``steps`` it is still running at, ranked within its batch of
+    ``BATCH_PROMPTS`` prompts at that step."""
+    batch_of = {p: i // BATCH_PROMPTS for i, p in enumerate(groups(workload))}
+    by_id = {t.id: t for t in workload.trajectories}
+    out = []
+    for k in steps:
+        for tid, known in known_at(workload, k, learned).items():
+            t = by_id[tid]
+            batch = f"{workload.name}:{k}:{batch_of[t.prompt]}"
+            out.append(Row(known, float(t.output_tokens), prompt_key(t), batch, tid))
+    return out
+
+
+def training_rows(
+    budget: Budget, prompts: Mapping[str, int | None], log: Callable[[str], None] | None = None
+) -> dict[str, list[Row]]:
+    """workload -> its rows, the text model's estimates cross-fitted under ``budget``."""
+    out = {}
+    for name, w in row_workloads(prompts, budget.seed).items():
+        out[name] = rows(w, cross_fitted(w, budget, log, steps=ROW_STEPS).totals, ROW_STEPS)
+    return out
+
+
+def fold_combiners(
+    budget: Budget, prompts: Mapping[str, int | None], log: Callable[[str], None] | None = None
+) -> list[combine.Combiner]:
+    """Fold f's combiner, fitted on the rows of the prompts outside fold f; cached beside the fold models."""
+    key = hashlib.sha1(f"{VERSION}:{sorted(prompts.items(), key=str)}:{ROW_STEPS}".encode())
+    with open(combine.__file__, "rb") as f:
+        key.update(f.read())
+    path = cache_root() / budget.key() / f"combiners-{key.hexdigest()[:16]}.json"
+    if path.exists():
+        return [combine.Combiner.from_json(d) for d in json.loads(path.read_text())]
+    pooled = [r for rs in training_rows(budget, prompts, log).values() for r in rs]
+    fold = {r.prompt: fold_of(r.prompt, budget.folds, budget.seed) for r in pooled}
+    models = [
+        combine.fit([r for r in pooled if fold[r.prompt] != f], budget.seed) for f in range(budget.folds)
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([m.to_json() for m in models]))
+    tmp.replace(path)
+    return models
+
+
+def served(
+    workload: Workload,
+    budget: Budget,
+    prompts: Mapping[str, int | None] = ROW_PROMPTS,
+    log: Callable[[str], None] | None = None,
+) -> Learned:
+    """The workload's text-model estimates (cross-fitted) with the fold combiners that serve them. The
+    spread at admission is the combiners' at step 0 with the text model alone (no history, no sibling done:
+    what a first epoch knows), and their estimates are taken at face value (slope 1: a regression's)."""
+    text = cross_fitted(workload, budget, log)
+    models = tuple(fold_combiners(budget, prompts, log))
+    admission = Known(0, 0.0, 1000.0, 1000.0)
+    sd = float(np.mean([m.centre(admission)[1] for m in models]))
+    return dataclasses.replace(
+        text, admission_log_sd=sd, admission_slope=1.0, combiners=models, folds=budget.folds, seed=budget.seed
+    )
+
+
+def fit_for_model(
+    model: Any, held_out: Set[str], prompts: Mapping[str, int | None] = ROW_PROMPTS, seed: int = 0
+) -> combine.Combiner:
+    """The combiner for one exported text model (an ``OnnxRegressor``), fitted on the rows of the prompts
+    it never saw (``held_out``): what ``loom predictor train`` writes beside the model it trained."""
+    out: list[Row] = []
+    for w in row_workloads(prompts, seed).values():
+        kept = Workload(w.name, w.source, [t for t in w.trajectories if prompt_key(t) in held_out])
+        if kept.trajectories:
+            out += rows(kept, totals_by(kept, lambda _: model, ROW_STEPS), ROW_STEPS)
+    if not out:
+        raise ValueError("none of the held-out prompts is in the trace sets: no rows to fit a combiner on")
+    return combine.fit(out, seed)

@@ -1,0 +1,384 @@
+"""What the predictor serves: the text model's estimate combined with everything else known about a
+trajectory when it is asked, by weights learned on held-out prompts.
+
+The text model reads one trajectory's context. A rollout system knows more: the prompt's earlier samples (an
+earlier epoch of the same prompt), the samples of its own group that finished or are running, how far along
+it is. Each alone is a free heuristic (the previous epoch's length, the first sibling to finish, the prompt's
+length); the text model alone ranks a batch worse than some of them (Heddle §4.1 claims the opposite, and
+Loom's own ``loom bench predictor`` measured it). The combiner takes them all as features:
+
+- always: the prompt's length, the tokens generated so far, the step;
+- ``text``: the text model's total;
+- ``history``: the prompt's earlier samples: the latest, their mean, shortest and longest (log totals), and
+  the mean of those longer than what the trajectory has generated;
+- ``finished``: the group's finished samples: the first to finish, their mean, the share of the group done;
+- ``pace``: tokens per call so far against the running siblings' (log ratio), once a call is done.
+
+A ridge regression of the log total on them is fitted per *cell*: the pattern of what is available (a trace
+of lengths has no text, a first epoch no history, a first call no pace) and a range of steps. Beside it,
+each cell has one candidate per heuristic available in it: a regression on that heuristic's feature alone,
+which ranks exactly as the heuristic does. Inner folds (by prompt) of the training data measure every
+candidate's Kendall tau within batches; the full model serves a cell only if it beats the best heuristic in
+``CONFIDENCE`` of bootstrap resamples of the batches, else that heuristic serves. So where the features add
+nothing (an unseen workload, no history) the served ranking is the best heuristic's, never below it.
+
+The estimate is the log-normal median given that the total exceeds what was generated
+(``loom.predict.blend.survived_median``), with the cell's own residual spread.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loom.predict.blend import survived_median
+from loom.predict.evaluate import kendall_tau_b
+
+# Step ranges with a model each: admission, the first calls, the early middle, the rest.
+STEP_BUCKETS = (0, 1, 3, 6)
+INNER_FOLDS = 4
+CONFIDENCE = 0.9
+RIDGE = 1.0
+BATCH_PROMPTS = 8
+BOOTSTRAP = 1000
+FORMAT = 2
+# A workload's own combiner needs this many prompts among its rows; fewer, and the pooled one serves it.
+MIN_WORKLOAD_PROMPTS = 24
+
+GROUPS = ("text", "history", "finished", "pace")
+# Heuristic candidates: name -> (the group it needs, or None, and its feature).
+HEURISTICS: dict[str, tuple[str | None, str]] = {
+    "prompt_length": (None, "log_prompt"),
+    "learned": ("text", "log_model"),
+    "previous_epoch": ("history", "hist_last"),
+    "previous_mean": ("history", "hist_mean"),
+    "first_sibling": ("finished", "fin_first"),
+}
+BASE = ("log_prompt", "log_generated", "log_step")
+FEATURES = {
+    "text": ("log_model",),
+    "history": ("hist_last", "hist_mean", "hist_min", "hist_max", "hist_surv"),
+    "finished": ("fin_first", "fin_mean", "fin_share"),
+    "pace": ("pace",),
+}
+
+
+@dataclass(frozen=True)
+class Known:
+    """What is known of one trajectory when it is asked about, after ``step`` calls."""
+
+    step: int
+    generated: float  # tokens it has generated
+    prompt_len: float  # tokens of its prompt (its first call's input)
+    model_total: float | None = None  # the text model's total; None: no text, or no model
+    history: tuple[float, ...] = ()  # totals of the prompt's earlier samples, oldest first
+    finished: tuple[float, ...] = ()  # totals of its group's finished samples, in the order they finished
+    # (calls, tokens generated) of each of its group's other samples still running
+    running: tuple[tuple[int, float], ...] = ()
+    workload: str = ""  # the trace set or environment it comes from, where known ("": unknown)
+
+    @property
+    def group_size(self) -> int:
+        return 1 + len(self.finished) + len(self.running)
+
+
+def _log(x: float) -> float:
+    return math.log(max(float(x), 1.0))
+
+
+def features(k: Known) -> dict[str, float]:
+    """Every feature available for ``k`` (a group's are present only when the group is)."""
+    out = {
+        "log_prompt": _log(k.prompt_len),
+        "log_generated": math.log1p(max(k.generated, 0.0)),
+        "log_step": math.log1p(k.step),
+    }
+    if k.model_total is not None:
+        out["log_model"] = _log(k.model_total)
+    if k.history:
+        h = [_log(x) for x in k.history]
+        out |= {"hist_last": h[-1], "hist_mean": sum(h) / len(h), "hist_min": min(h), "hist_max": max(h)}
+        # The earlier samples it could still turn out like: those longer than what it has generated.
+        above = [x for x in h if x > math.log(max(k.generated, 1.0))]
+        out["hist_surv"] = sum(above) / len(above) if above else math.log(max(k.generated, 1.0))
+    if k.finished:
+        f = [_log(x) for x in k.finished]
+        out |= {"fin_first": f[0], "fin_mean": sum(f) / len(f), "fin_share": len(f) / k.group_size}
+    paces = [_log(g / c) for c, g in k.running if c > 0 and g > 0]
+    if k.step > 0 and k.generated > 0 and paces:
+        out["pace"] = _log(k.generated / k.step) - sum(paces) / len(paces)
+    return out
+
+
+def pattern(feats: dict[str, float]) -> tuple[str, ...]:
+    return tuple(g for g in GROUPS if FEATURES[g][0] in feats)
+
+
+def bucket(step: int) -> int:
+    return max(i for i, s in enumerate(STEP_BUCKETS) if step >= s)
+
+
+def _columns(cell_pattern: tuple[str, ...]) -> tuple[str, ...]:
+    return BASE + tuple(f for g in cell_pattern for f in FEATURES[g])
+
+
+@dataclass
+class Linear:
+    """log total = intercept + weights . (x - centre); ``sd`` the residual spread on its training rows."""
+
+    columns: tuple[str, ...]
+    weights: list[float]
+    intercept: float
+    centre: list[float]
+    sd: float
+
+    def centre_of(self, feats: dict[str, float]) -> float:
+        x = np.array([feats[c] for c in self.columns]) - np.array(self.centre)
+        return _clip(float(self.intercept + x @ np.array(self.weights)))
+
+
+# Log totals are clipped to what a trajectory can be (one token to 100M): a regression far outside the
+# features it was fitted on extrapolates without bound.
+LOG_MAX = math.log(1e8)
+
+
+def _clip(log_total: float) -> float:
+    return min(max(log_total, 0.0), LOG_MAX)
+
+
+def fit_linear(x: np.ndarray, y: np.ndarray, columns: Sequence[str], alpha: float = RIDGE) -> Linear:
+    """Ridge regression on standardised columns, returned in the columns' own units."""
+    centre, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale == 0] = 1.0
+    z = (x - centre) / scale
+    mean = float(y.mean())
+    w = np.linalg.solve(z.T @ z + alpha * np.eye(z.shape[1]), z.T @ (y - mean)) / scale
+    resid = y - (mean + (x - centre) @ w)
+    sd = float(max(np.sqrt(np.mean(resid**2)) if len(y) > 1 else 1.0, 0.05))
+    return Linear(tuple(columns), w.tolist(), mean, centre.tolist(), sd)
+
+
+@dataclass
+class Row:
+    """One training example: what was known, the true total, and the batch it is ranked within."""
+
+    known: Known
+    total: float
+    prompt: str  # inner folds are by prompt
+    batch: str  # rows ranked together: one workload's batch of prompts at one step
+    trajectory: str = ""
+
+
+@dataclass
+class Combiner:
+    """A model per cell, each either the full regression or one heuristic's (``chosen``); and, for each
+    workload it had enough prompts of, a combiner of that workload's own (how much history, pace or text
+    tells differs between workloads: one search prompt's trials mostly repeat, tool use's vary). A request
+    of another workload, or of none named, is served by the one fitted on every workload."""
+
+    cells: dict[str, Linear] = field(default_factory=dict)
+    chosen: dict[str, str] = field(default_factory=dict)
+    fallback: Linear | None = None
+    workloads: dict[str, Combiner] = field(default_factory=dict)
+
+    def centre(self, k: Known) -> tuple[float, float]:
+        own = self.workloads.get(k.workload)
+        if own is not None:
+            return own.centre(k)
+        feats = features(k)
+        key = _key(pattern(feats), bucket(k.step))
+        model = self.cells.get(key)
+        if model is None:  # a cell no training row fell in: the nearest with fewer groups
+            model = self._nearest(feats, k.step)
+        return model.centre_of(feats), model.sd
+
+    def total(self, k: Known) -> float:
+        return survived_median(*self.centre(k), k.generated)
+
+    def _nearest(self, feats: dict[str, float], step: int) -> Linear:
+        have = pattern(feats)
+        for b in range(bucket(step), -1, -1):
+            for size in range(len(have), -1, -1):
+                for key, model in self.cells.items():
+                    p, kb = _parse(key)
+                    if kb == b and len(p) == size and set(p) <= set(have):
+                        return model
+        if self.fallback is None:
+            raise ValueError("the combiner holds no model")
+        return self.fallback
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "cells": {k: vars(m) for k, m in self.cells.items()},
+            "chosen": self.chosen,
+            "fallback": None if self.fallback is None else vars(self.fallback),
+            "workloads": {w: c.to_json() for w, c in self.workloads.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Combiner:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"combiner format {data.get('format')!r}, expected {FORMAT}")
+
+        def linear(d: dict[str, Any]) -> Linear:
+            return Linear(tuple(d["columns"]), d["weights"], d["intercept"], d["centre"], d["sd"])
+
+        fb = data.get("fallback")
+        return cls(
+            {k: linear(v) for k, v in data["cells"].items()},
+            dict(data["chosen"]),
+            None if fb is None else linear(fb),
+            {w: cls.from_json(c) for w, c in data.get("workloads", {}).items()},
+        )
+
+
+def _key(p: tuple[str, ...], b: int) -> str:
+    return f"{'+'.join(p) or 'base'}@{b}"
+
+
+def _parse(key: str) -> tuple[tuple[str, ...], int]:
+    p, b = key.split("@")
+    return (() if p == "base" else tuple(p.split("+"))), int(b)
+
+
+def masked(k: Known, drop: Iterable[str]) -> Known:
+    """``k`` with some groups of knowledge removed: how a row stands for a first epoch or a trace of lengths."""
+    d = set(drop)
+    return Known(
+        k.step,
+        k.generated,
+        k.prompt_len,
+        None if "text" in d else k.model_total,
+        () if "history" in d else k.history,
+        () if "finished" in d else k.finished,
+        () if "finished" in d else k.running,
+        k.workload,
+    )
+
+
+def augmented(rows: Sequence[Row]) -> list[Row]:
+    """Every row as it is, without history, without text, and without both: each pattern gets rows."""
+    out = []
+    for drop in ((), ("history",), ("text",), ("text", "history")):
+        out += [
+            Row(masked(r.known, drop), r.total, r.prompt, r.batch + "/" + "-".join(drop), r.trajectory)
+            for r in rows
+        ]
+    return out
+
+
+def fit(rows: Sequence[Row], seed: int = 0) -> Combiner:
+    """A combiner fitted on ``rows`` (augmented with every pattern), each cell's model chosen on inner
+    folds; and one of its own for each workload with ``MIN_WORKLOAD_PROMPTS`` prompts or more."""
+    if not rows:
+        raise ValueError("no rows to fit a combiner on")
+    # The pooled cells serve workloads nobody trained on: each cell's candidate is chosen on inner folds
+    # that are whole workloads, for the least it loses to the best heuristic on any of them.
+    workloads = {r.known.workload for r in rows}
+    out = _fit_cells(rows, seed, by_workload=len(workloads) > 1)
+    by_workload: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.known.workload:
+            by_workload.setdefault(r.known.workload, []).append(r)
+    for name, own in sorted(by_workload.items()):
+        if len({r.prompt for r in own}) >= MIN_WORKLOAD_PROMPTS:
+            out.workloads[name] = _fit_cells(own, seed)
+    return out
+
+
+def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Combiner:
+    rows = augmented(rows)
+    cells: dict[str, list[int]] = {}
+    feats = [features(r.known) for r in rows]
+    for i, (r, f) in enumerate(zip(rows, feats, strict=True)):
+        cells.setdefault(_key(pattern(f), bucket(r.known.step)), []).append(i)
+    y = np.array([math.log(max(r.total, 1.0)) for r in rows])
+    if by_workload:
+        names = sorted({r.known.workload for r in rows})
+        folds = np.array([names.index(r.known.workload) for r in rows])
+    else:
+        folds = np.array([zlib.crc32(f"inner:{seed}:{r.prompt}".encode()) % INNER_FOLDS for r in rows])
+    out = Combiner()
+    for key, idx in sorted(cells.items()):
+        p, _ = _parse(key)
+        candidates = {"combined": _columns(p)}
+        for name, (group, col) in HEURISTICS.items():
+            if group is None or group in p:
+                candidates[name] = (col,)
+        ix = np.array(idx)
+        x_of = {n: np.array([[feats[i][c] for c in cols] for i in idx]) for n, cols in candidates.items()}
+        oof = {n: np.zeros(len(idx)) for n in candidates}
+        for inner in range(int(folds.max()) + 1):
+            test = folds[ix] == inner
+            if not test.any() or test.all():
+                continue
+            for n, x in x_of.items():
+                m = fit_linear(x[~test], y[ix][~test], candidates[n])
+                gen = np.array([rows[i].known.generated for i in ix[test]])
+                oof[n][test] = [
+                    math.log(survived_median(_clip(float(c)), m.sd, g))
+                    for c, g in zip(
+                        m.intercept + (x[test] - np.array(m.centre)) @ np.array(m.weights), gen, strict=True
+                    )
+                ]
+        batches = [rows[i].batch for i in idx]
+        if by_workload:
+            name = _least_regret(oof, y[ix], batches, [rows[i].known.workload for i in idx])
+        else:
+            name = _choose(oof, y[ix], batches, seed)
+        out.cells[key] = fit_linear(x_of[name], y[ix], candidates[name])
+        out.chosen[key] = name
+    out.fallback = fit_linear(np.array([[f[c] for c in BASE] for f in feats]), y, BASE)
+    return out
+
+
+def _batch_taus(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str]) -> dict[str, np.ndarray]:
+    groups: dict[str, list[int]] = {}
+    for i, b in enumerate(batches):
+        groups.setdefault(b, []).append(i)
+    usable = [np.array(g) for g in groups.values() if len(g) >= 2]
+    return {n: np.array([kendall_tau_b(p[g], y[g]) for g in usable]) for n, p in oof.items()}
+
+
+def _least_regret(
+    oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], workloads: Sequence[str]
+) -> str:
+    """The candidate that loses least to the best heuristic of whichever workload it does worst on (each
+    predicted by candidates fitted without that workload); on a tie, a heuristic over the combined model."""
+    regret: dict[str, float] = {n: 0.0 for n in oof}
+    for w in sorted(set(workloads)):
+        mine = np.array([x == w for x in workloads])
+        taus = _batch_taus(
+            {n: p[mine] for n, p in oof.items()},
+            y[mine],
+            [b for b, m in zip(batches, mine, strict=True) if m],
+        )
+        means = {n: float(t.mean()) for n, t in taus.items() if len(t)}
+        if not means:
+            continue
+        best = max((v for n, v in means.items() if n != "combined"), default=max(means.values()))
+        for n, v in means.items():
+            regret[n] = min(regret[n], v - best)
+    return max(regret, key=lambda n: (regret[n], n != "combined", n))
+
+
+def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], seed: int) -> str:
+    """The combined model if it beats the best heuristic in ``CONFIDENCE`` of bootstrap resamples of the
+    batches (paired); else the best heuristic by mean tau."""
+    taus = _batch_taus(oof, y, batches)
+    if not len(taus["combined"]):
+        return "combined"
+    heuristics = {n: t for n, t in taus.items() if n != "combined"}
+    if not heuristics:
+        return "combined"
+    best = max(heuristics, key=lambda n: (heuristics[n].mean(), n))
+    gain = taus["combined"] - heuristics[best]
+    rng = np.random.default_rng(seed)
+    means = gain[rng.integers(0, len(gain), (BOOTSTRAP, len(gain)))].mean(axis=1)
+    return "combined" if float(np.mean(means > 0)) >= CONFIDENCE else best

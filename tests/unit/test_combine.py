@@ -1,0 +1,140 @@
+"""The served predictor's combiner: what it reads, that it never serves below the best heuristic its inner
+folds can see, and that it survives a round trip through its JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loom.predict import combine
+from loom.predict.combine import Known, Row
+from loom.predict.evaluate import kendall_tau_b
+
+
+def test_features_read_history_siblings_and_pace() -> None:
+    k = Known(
+        step=2,
+        generated=400.0,
+        prompt_len=1000.0,
+        model_total=900.0,
+        history=(100.0, 1000.0),
+        finished=(300.0,),
+        running=((2, 100.0), (2, 400.0)),
+    )
+    f = combine.features(k)
+    assert f["hist_last"] == pytest.approx(math.log(1000)) and f["hist_mean"] == pytest.approx(
+        math.log(316.227766)
+    )
+    assert f["fin_first"] == pytest.approx(math.log(300)) and f["fin_share"] == pytest.approx(1 / 4)
+    # 200 tokens a call against the running siblings' 50 and 200: log 200 - mean(log 50, log 200).
+    assert f["pace"] == pytest.approx(math.log(200) - (math.log(50) + math.log(200)) / 2)
+    assert combine.pattern(f) == ("text", "history", "finished", "pace")
+    bare = combine.features(Known(step=0, generated=0.0, prompt_len=50.0))
+    assert combine.pattern(bare) == () and set(bare) == set(combine.BASE)
+
+
+def _rows(n_prompts: int, seed: int, informative: str, workload: str = "") -> list[Row]:
+    """Groups of 4 samples whose totals follow either their prompt's length or their history; every other
+    feature is noise."""
+    rng = random.Random(seed)
+    out = []
+    for p in range(n_prompts):
+        prompt_len = rng.uniform(100, 10_000)
+        scale = prompt_len if informative == "prompt_length" else rng.uniform(100, 10_000)
+        totals = [scale * math.exp(rng.gauss(0, 0.3)) for _ in range(4)]
+        for i, total in enumerate(totals):
+            centre = scale if informative == "previous_mean" else rng.uniform(100, 10_000)
+            history = tuple(centre * math.exp(rng.gauss(0, 0.3)) for _ in range(3))
+            known = Known(0, 0.0, prompt_len, rng.uniform(100, 10_000), history, workload=workload)
+            out.append(Row(known, total, f"{workload}p{p}", f"{workload}b{p // 8}", f"{workload}p{p}-{i}"))
+    return out
+
+
+@pytest.mark.parametrize("informative", ["prompt_length", "previous_mean"])
+def test_a_cell_where_the_features_add_nothing_serves_its_best_heuristic(informative: str) -> None:
+    model = combine.fit(_rows(160, 0, informative))
+    test = _rows(80, 1, informative)
+    served = [model.total(r.known) for r in test]
+    truth = [r.total for r in test]
+    heuristic = [
+        r.known.prompt_len
+        if informative == "prompt_length"
+        else float(np.exp(np.mean(np.log(r.known.history))))
+        for r in test
+    ]
+    batches = sorted({r.batch for r in test})
+    taus = {
+        name: np.mean(
+            [
+                kendall_tau_b(
+                    [s[i] for i, r in enumerate(test) if r.batch == b],
+                    [truth[i] for i, r in enumerate(test) if r.batch == b],
+                )
+                for b in batches
+            ]
+        )
+        for name, s in (("served", served), ("heuristic", heuristic))
+    }
+    assert taus["served"] >= taus["heuristic"] - 0.02, taus
+    # Where the prompt's length is all that tells, it serves every cell, not the text nor a blend; where
+    # history tells, history serves (its mean, or all of it together).
+    if informative == "prompt_length":
+        assert set(model.chosen.values()) == {"prompt_length"}, model.chosen
+    else:
+        assert model.chosen["history@0"] in ("previous_mean", "combined"), model.chosen
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    step=st.integers(0, 30),
+    generated=st.floats(0, 1e5),
+    prompt=st.floats(1, 1e5),
+    model_total=st.one_of(st.none(), st.floats(1, 1e6)),
+    history=st.lists(st.floats(1, 1e6), max_size=5),
+    finished=st.lists(st.floats(1, 1e6), max_size=5),
+    running=st.lists(st.tuples(st.integers(0, 30), st.floats(0, 1e5)), max_size=5),
+)
+def test_every_estimate_exceeds_what_was_generated_and_survives_json(
+    step: int,
+    generated: float,
+    prompt: float,
+    model_total: float | None,
+    history: list[float],
+    finished: list[float],
+    running: list[tuple[int, float]],
+) -> None:
+    k = Known(step, generated, prompt, model_total, tuple(history), tuple(finished), tuple(running))
+    model = _FITTED
+    again = combine.Combiner.from_json(json.loads(json.dumps(model.to_json())))
+    total = model.total(k)
+    assert total >= generated and math.isfinite(total)
+    assert again.total(k) == total
+
+
+_FITTED = combine.fit(_rows(40, 2, "previous_mean"))
+
+
+def test_an_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="format"):
+        combine.Combiner.from_json({"format": 99, "cells": {}, "chosen": {}})
+
+
+def test_each_workload_with_enough_prompts_gets_its_own_and_others_the_pooled() -> None:
+    rows = _rows(40, 3, "prompt_length", "lengthy") + _rows(40, 4, "previous_mean", "historic")
+    model = combine.fit(rows + _rows(10, 5, "previous_mean", "small"))
+    assert set(model.workloads) == {"lengthy", "historic"}  # "small" has too few prompts of its own
+    assert set(model.workloads["lengthy"].chosen.values()) == {"prompt_length"}
+    assert model.workloads["historic"].chosen["history@0"] in ("previous_mean", "combined")
+    k = Known(0, 0.0, 500.0, 800.0, (300.0, 900.0))
+    for name in ("lengthy", "historic"):
+        own = dataclasses.replace(k, workload=name)
+        assert model.total(own) == model.workloads[name].total(own)
+    pooled = combine.Combiner(model.cells, model.chosen, model.fallback)
+    assert model.total(dataclasses.replace(k, workload="unseen")) == pooled.total(k)
