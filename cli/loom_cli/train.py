@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import functools
 import json
 import logging
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     torch.set_num_threads(1)
+    keep_freed_memory()
     seeds = max(1, args.seeds)
     # With several seeds each runs the whole pipeline, warm start included, in a folder of its own.
     runs = [
@@ -175,6 +177,25 @@ def run(args: argparse.Namespace) -> int:
         )
         return 3
     return 0
+
+
+def keep_freed_memory() -> None:
+    """Have glibc keep freed memory for the next allocation instead of giving it back to the system. It serves a
+    block of more than 32 MiB from a fresh mapping and unmaps it at free, so the warm start's two dense gradients
+    of the embedding (151,680 x 64 floats, 39 MB each) were zeroed on new pages, fault by fault, at every step: a
+    third of the step. Kept, a step of the coin warm start takes 0.13 s instead of 0.18 (page faults 1.4 million
+    to 0.2 over 60 steps, beside other jobs), with the same losses to the last bit. Other threads, which
+    allocate from arenas of their own (the trainer's step runs in one), are not helped: decode steps run in a
+    thread faulted as often with it as without (measured). A no-op where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 1 << 30)  # blocks under 1 GiB come from the heap...
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)  # ...which keeps up to 1 GiB free at its top rather than trimming it
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def run_once(cfg: TrainConfig, out: Path, console: Console) -> dict[str, Any]:
