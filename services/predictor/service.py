@@ -192,13 +192,19 @@ class PredictorService:
             t.workload,
         )
 
-    def _estimate(self, t: _Latest, key: str) -> tuple[float, float]:
-        """The served total and its spread (log sd)."""
+    def _estimate(self, t: _Latest, key: str) -> float:
         if self.combiner is not None:
-            known = self._known(t, key)
-            return self.combiner.total(known), self.combiner.centre(known)[1]
+            return self.combiner.total(self._known(t, key))
         assert self.blend is not None and t.model_total is not None
-        return self.blend.total(t.task_id, t.model_total, t.generated), self.blend.model.sd
+        return self.blend.total(t.task_id, t.model_total, t.generated)
+
+    def _trust(self) -> tuple[float, float]:
+        """How far placement may trust the estimates: their error at admission (log sd) and how much of their
+        ranking within a workload is real (slope), as measured on prompts the model never saw."""
+        if self.combiner is not None:
+            return self.combiner.admission_log_sd, self.combiner.admission_slope
+        assert self.blend is not None and self.model is not None
+        return self.blend.model.sd, self.model.admission_slope
 
     async def _refresh_siblings(self, job_id: str, task_id: str, group: int) -> None:
         assert self.model is not None
@@ -212,7 +218,7 @@ class PredictorService:
             t = self.latest[key]
             if t.model_total is None and self.combiner is None:
                 continue
-            total, _ = self._estimate(t, key)
+            total = self._estimate(t, key)
             upd = PriorityUpdate(
                 job_id,
                 t.traj_id,
@@ -275,9 +281,8 @@ class PredictorService:
                 if req.step == 0 and model_total is not None:
                     self._admit(req.traj_id, model_total)
                 t, key = self._remember(req, model_total)
-                total, sd = self._estimate(t, key)
-                slope = 1.0 if self.combiner is not None else self.model.admission_slope
-                return Prediction(req.traj_id, total - req.generated_tokens, total, method, sd, slope)
+                total = self._estimate(t, key)
+                return Prediction(req.traj_id, total - req.generated_tokens, total, method, *self._trust())
         self.m_requests.labels("history").inc()
         total = self.history.predict_total(req.task_id, req.generated_tokens)
         return Prediction(req.traj_id, max(0.0, total - req.generated_tokens), total, "history")

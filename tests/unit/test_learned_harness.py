@@ -87,7 +87,7 @@ def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollou
     # prompts, cached beside them; the harness asks it with what the run knows of each group.
     rows = {"coding": 2, "search": 3, "tool_use": 3}
     got = served.served(w, budget, rows)
-    assert len(got.combiners) == 2 and got.admission_slope == 1.0 and got.admission_log_sd > 0
+    assert len(got.combiners) == 2 and 0 <= got.admission_slope <= 1 and got.admission_log_sd > 0
     assert [c.to_json() for c in served.fold_combiners(budget, rows)] == [c.to_json() for c in got.combiners]
     pred = _Predictor("learned", got, "coding")
     sample, *others = [t for t in w.trajectories if t.prompt == w.trajectories[0].prompt]

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from loom.predict.blend import survived_median
-from loom.predict.evaluate import kendall_tau_b
+from loom.predict.evaluate import kendall_tau_b, log_error_sd, log_slope
 
 # Step ranges with a model each: admission, the first calls, the early middle, the rest.
 STEP_BUCKETS = (0, 1, 3, 6)
@@ -185,6 +185,10 @@ class Combiner:
     chosen: dict[str, str] = field(default_factory=dict)
     fallback: Linear | None = None
     workloads: dict[str, Combiner] = field(default_factory=dict)
+    # Its error at admission on prompts it never saw (log sd) and how much of its ranking within a workload
+    # is real (slope): what placement may trust its estimates to (``admission_fit``).
+    admission_log_sd: float = 1.0
+    admission_slope: float = 1.0
 
     def centre(self, k: Known) -> tuple[float, float]:
         own = self.workloads.get(k.workload)
@@ -219,6 +223,7 @@ class Combiner:
             "chosen": self.chosen,
             "fallback": None if self.fallback is None else vars(self.fallback),
             "workloads": {w: c.to_json() for w, c in self.workloads.items()},
+            "admission": [self.admission_log_sd, self.admission_slope],
         }
 
     @classmethod
@@ -235,6 +240,7 @@ class Combiner:
             dict(data["chosen"]),
             None if fb is None else linear(fb),
             {w: cls.from_json(c) for w, c in data.get("workloads", {}).items()},
+            *data.get("admission", (1.0, 1.0)),
         )
 
 
@@ -382,3 +388,30 @@ def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], s
     rng = np.random.default_rng(seed)
     means = gain[rng.integers(0, len(gain), (BOOTSTRAP, len(gain)))].mean(axis=1)
     return "combined" if float(np.mean(means > 0)) >= CONFIDENCE else best
+
+
+def admission_fit(predicted: Sequence[float], rows: Sequence[Row]) -> tuple[float, float]:
+    """The error at admission of estimates ``predicted`` for ``rows`` (each a prompt it never saw, at step 0,
+    as a first epoch knows it): the log sd of predicted over actual totals, and the slope of actual on
+    predicted log totals within each workload, weighted by its rows (a job runs one workload: telling a search
+    question from a coding task is not ranking). (1, 1) with too few rows to say."""
+    if len(rows) < 2:
+        return 1.0, 1.0
+    actual = [r.total for r in rows]
+    slopes, sizes = [], []
+    for w in sorted({r.known.workload for r in rows}):
+        idx = [i for i, r in enumerate(rows) if r.known.workload == w]
+        if len(idx) >= 2:
+            slopes.append(log_slope([predicted[i] for i in idx], [actual[i] for i in idx]))
+            sizes.append(len(idx))
+    slope = float(np.average(slopes, weights=sizes)) if slopes else 1.0
+    return log_error_sd(predicted, actual), slope
+
+
+def first_epoch(rows: Sequence[Row]) -> list[Row]:
+    """The rows at admission as a first epoch knows them: no earlier samples of the prompt."""
+    return [
+        Row(masked(r.known, ("history",)), r.total, r.prompt, r.batch, r.trajectory)
+        for r in rows
+        if r.known.step == 0
+    ]

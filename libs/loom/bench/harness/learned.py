@@ -17,6 +17,7 @@ workload's trajectories), so a benchmark pays for training once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -100,6 +101,18 @@ def _all_traces() -> dict[str, Trace]:
     return {t.id: t for name in trace_sets.SETS for t in trace_sets.trace_set(name)}
 
 
+@functools.lru_cache(maxsize=1)
+def _examples() -> tuple[Any, ...]:
+    """Every prediction point of the three trace sets, tokenised (about 30 s on two cores): read once per
+    process, however many models it trains (a benchmark's folds, then its held-out models)."""
+    from loom.predict import dataset
+
+    out: list[Any] = []
+    for t in _all_traces().values():
+        out.extend(dataset.trajectory_examples(t, cache={}))
+    return tuple(out)
+
+
 def _calibrated(path: Path) -> bool:
     """An exported fold model whose error at admission was measured (the last step of training one)."""
     meta = meta_path(path)
@@ -108,7 +121,7 @@ def _calibrated(path: Path) -> bool:
 
 def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = None) -> list[Path]:
     """One exported model per fold, cached in ``root``: each trained on the prompts outside its fold."""
-    from loom.predict import dataset, train
+    from loom.predict import train
     from loom.predict.export import calibrate, export
 
     paths = [root / f"fold{f}" / "model.onnx" for f in range(budget.folds)]
@@ -124,13 +137,8 @@ def train_folds(budget: Budget, root: Path, log: Callable[[str], None] | None = 
         f"learned predictor: training {todo} of {budget.folds} fold models ({budget.steps_per_fold} steps "
         f"each), about {eta_s / 60:.1f} min; once: cached in {root} for later runs"
     )
-    traces = list(_all_traces().values())
     workload_of = trace_sets.workload_of_prompts()
-    cache: dict[str, list[int]] = {}
-    examples = []
-    for t in traces:
-        examples.extend(dataset.trajectory_examples(t, cache=cache))
-        cache.clear()
+    examples = _examples()
     folds_started, trained = time.monotonic(), 0
     for f, path in enumerate(paths):
         if _calibrated(path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import zlib
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
@@ -37,7 +38,7 @@ QUICK_ROW_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use
 # Where rows are taken: the early steps each, then sparser (coding runs to a hundred calls).
 ROW_STEPS = (0, 1, 2, 3, 5, 8, 12, 20, 30, 50)
 BATCH_PROMPTS = 8
-VERSION = 2
+VERSION = 3
 
 
 def row_workloads(prompts: Mapping[str, int | None], seed: int) -> dict[str, Workload]:
@@ -132,6 +133,11 @@ def fold_combiners(
     models = [
         combine.fit([r for r in pooled if fold[r.prompt] != f], budget.seed) for f in range(budget.folds)
     ]
+    # Measured at admission on each fold's own prompts, by the combiner that never saw them.
+    first = combine.first_epoch(pooled)
+    sd, slope = combine.admission_fit([models[fold[r.prompt]].total(r.known) for r in first], first)
+    for m in models:
+        m.admission_log_sd, m.admission_slope = sd, slope
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps([m.to_json() for m in models]))
     tmp.replace(path)
@@ -144,15 +150,17 @@ def served(
     prompts: Mapping[str, int | None] = ROW_PROMPTS,
     log: Callable[[str], None] | None = None,
 ) -> Learned:
-    """The workload's text-model estimates (cross-fitted) with the fold combiners that serve them. The
-    spread at admission is the combiners' at step 0 with the text model alone (no history, no sibling done:
-    what a first epoch knows), and their estimates are taken at face value (slope 1: a regression's)."""
+    """The workload's text-model estimates (cross-fitted) with the fold combiners that serve them, and their
+    error at admission as a first epoch knows it (``combine.admission_fit``)."""
     text = cross_fitted(workload, budget, log)
     models = tuple(fold_combiners(budget, prompts, log))
-    admission = Known(0, 0.0, 1000.0, 1000.0)
-    sd = float(np.mean([m.centre(admission)[1] for m in models]))
     return dataclasses.replace(
-        text, admission_log_sd=sd, admission_slope=1.0, combiners=models, folds=budget.folds, seed=budget.seed
+        text,
+        admission_log_sd=models[0].admission_log_sd,
+        admission_slope=models[0].admission_slope,
+        combiners=models,
+        folds=budget.folds,
+        seed=budget.seed,
     )
 
 
@@ -168,4 +176,14 @@ def fit_for_model(
             out += rows(kept, totals_by(kept, lambda _: model, ROW_STEPS), ROW_STEPS)
     if not out:
         raise ValueError("none of the held-out prompts is in the trace sets: no rows to fit a combiner on")
-    return combine.fit(out, seed)
+    # Its error at admission, on halves of the prompts, each predicted by a combiner fitted on the other.
+    half = {r.prompt: zlib.crc32(f"half:{seed}:{r.prompt}".encode()) % 2 for r in out}
+    halves = [[r for r in out if half[r.prompt] != h] for h in (0, 1)]
+    fitted = [combine.fit(rs, seed) if rs else None for rs in halves]
+    first, predicted = combine.first_epoch(out), []
+    for r in first:
+        other = fitted[half[r.prompt]]
+        predicted.append(other.total(r.known) if other is not None else r.total)
+    model = combine.fit(out, seed)
+    model.admission_log_sd, model.admission_slope = combine.admission_fit(predicted, first)
+    return model
