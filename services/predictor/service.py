@@ -198,11 +198,11 @@ class PredictorService:
         assert self.blend is not None and t.model_total is not None
         return self.blend.total(t.task_id, t.model_total, t.generated)
 
-    def _trust(self) -> tuple[float, float]:
+    def _trust(self, workload: str) -> tuple[float, float]:
         """How far placement may trust the estimates: their error at admission (log sd) and how much of their
-        ranking within a workload is real (slope), as measured on prompts the model never saw."""
+        ranking within the workload is real (slope), as measured on prompts the model never saw."""
         if self.combiner is not None:
-            return self.combiner.admission_log_sd, self.combiner.admission_slope
+            return self.combiner.trust(workload)
         assert self.blend is not None and self.model is not None
         return self.blend.model.sd, self.model.admission_slope
 
@@ -282,7 +282,9 @@ class PredictorService:
                     self._admit(req.traj_id, model_total)
                 t, key = self._remember(req, model_total)
                 total = self._estimate(t, key)
-                return Prediction(req.traj_id, total - req.generated_tokens, total, method, *self._trust())
+                return Prediction(
+                    req.traj_id, total - req.generated_tokens, total, method, *self._trust(req.workload)
+                )
         self.m_requests.labels("history").inc()
         total = self.history.predict_total(req.task_id, req.generated_tokens)
         return Prediction(req.traj_id, max(0.0, total - req.generated_tokens), total, "history")

@@ -138,3 +138,21 @@ def test_each_workload_with_enough_prompts_gets_its_own_and_others_the_pooled() 
         assert model.total(own) == model.workloads[name].total(own)
     pooled = combine.Combiner(model.cells, model.chosen, model.fallback)
     assert model.total(dataclasses.replace(k, workload="unseen")) == pooled.total(k)
+
+
+def test_admission_trust_is_per_workload_and_the_least_slope_elsewhere() -> None:
+    rng = random.Random(7)
+    rows, predicted = [], []
+    for w, noise in (("ranked", 0.1), ("unranked", 3.0)):
+        for i in range(60):
+            total = rng.uniform(100, 10_000)
+            rows.append(Row(Known(0, 0.0, 100.0, workload=w), total, f"{w}{i}", "b", f"{w}{i}"))
+            predicted.append(total * math.exp(rng.gauss(0, noise)))
+    admission = combine.admission_fit(predicted, rows)
+    assert set(admission) == {"ranked", "unranked", "*"}
+    assert admission["ranked"][1] > 0.8 > 0.2 > admission["unranked"][1]
+    assert admission["*"] == (pytest.approx(admission["*"][0]), admission["unranked"][1])
+    model = combine.Combiner(admission=admission)
+    assert model.trust("ranked") == admission["ranked"] and model.trust("new") == admission["*"]
+    again = combine.Combiner.from_json(json.loads(json.dumps(model.to_json())))
+    assert again.trust("ranked") == pytest.approx(admission["ranked"])

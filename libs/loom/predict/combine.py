@@ -186,9 +186,13 @@ class Combiner:
     fallback: Linear | None = None
     workloads: dict[str, Combiner] = field(default_factory=dict)
     # Its error at admission on prompts it never saw (log sd) and how much of its ranking within a workload
-    # is real (slope): what placement may trust its estimates to (``admission_fit``).
-    admission_log_sd: float = 1.0
-    admission_slope: float = 1.0
+    # is real (slope), per workload and for any other ("*"): what placement may trust it to (``admission_fit``).
+    admission: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def trust(self, workload: str = "") -> tuple[float, float]:
+        """(log sd, slope) at admission for a job of ``workload``; for one it was not measured on, the
+        pooled error and the least slope of any workload (placement packs only what it can rank)."""
+        return self.admission.get(workload) or self.admission.get("*") or (1.0, 1.0)
 
     def centre(self, k: Known) -> tuple[float, float]:
         own = self.workloads.get(k.workload)
@@ -223,7 +227,7 @@ class Combiner:
             "chosen": self.chosen,
             "fallback": None if self.fallback is None else vars(self.fallback),
             "workloads": {w: c.to_json() for w, c in self.workloads.items()},
-            "admission": [self.admission_log_sd, self.admission_slope],
+            "admission": {w: list(v) for w, v in self.admission.items()},
         }
 
     @classmethod
@@ -240,7 +244,7 @@ class Combiner:
             dict(data["chosen"]),
             None if fb is None else linear(fb),
             {w: cls.from_json(c) for w, c in data.get("workloads", {}).items()},
-            *data.get("admission", (1.0, 1.0)),
+            {w: (float(v[0]), float(v[1])) for w, v in data.get("admission", {}).items()},
         )
 
 
@@ -390,22 +394,21 @@ def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], s
     return "combined" if float(np.mean(means > 0)) >= CONFIDENCE else best
 
 
-def admission_fit(predicted: Sequence[float], rows: Sequence[Row]) -> tuple[float, float]:
+def admission_fit(predicted: Sequence[float], rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     """The error at admission of estimates ``predicted`` for ``rows`` (each a prompt it never saw, at step 0,
-    as a first epoch knows it): the log sd of predicted over actual totals, and the slope of actual on
-    predicted log totals within each workload, weighted by its rows (a job runs one workload: telling a search
-    question from a coding task is not ranking). (1, 1) with too few rows to say."""
-    if len(rows) < 2:
-        return 1.0, 1.0
+    as a first epoch knows it), per workload: the log sd of predicted over actual totals and the slope of
+    actual on predicted log totals within it (a job runs one workload: telling a search question from a
+    coding task is not ranking); and "*", the pooled log sd with the least slope of any workload."""
+    out: dict[str, tuple[float, float]] = {}
     actual = [r.total for r in rows]
-    slopes, sizes = [], []
     for w in sorted({r.known.workload for r in rows}):
         idx = [i for i, r in enumerate(rows) if r.known.workload == w]
         if len(idx) >= 2:
-            slopes.append(log_slope([predicted[i] for i in idx], [actual[i] for i in idx]))
-            sizes.append(len(idx))
-    slope = float(np.average(slopes, weights=sizes)) if slopes else 1.0
-    return log_error_sd(predicted, actual), slope
+            p, a = [predicted[i] for i in idx], [actual[i] for i in idx]
+            out[w] = (log_error_sd(p, a), log_slope(p, a))
+    if len(rows) >= 2:
+        out["*"] = (log_error_sd(predicted, actual), min((v[1] for v in out.values()), default=1.0))
+    return out
 
 
 def first_epoch(rows: Sequence[Row]) -> list[Row]:

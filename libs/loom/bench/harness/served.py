@@ -38,7 +38,7 @@ QUICK_ROW_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use
 # Where rows are taken: the early steps each, then sparser (coding runs to a hundred calls).
 ROW_STEPS = (0, 1, 2, 3, 5, 8, 12, 20, 30, 50)
 BATCH_PROMPTS = 8
-VERSION = 3
+VERSION = 4
 
 
 def row_workloads(prompts: Mapping[str, int | None], seed: int) -> dict[str, Workload]:
@@ -135,9 +135,9 @@ def fold_combiners(
     ]
     # Measured at admission on each fold's own prompts, by the combiner that never saw them.
     first = combine.first_epoch(pooled)
-    sd, slope = combine.admission_fit([models[fold[r.prompt]].total(r.known) for r in first], first)
+    admission = combine.admission_fit([models[fold[r.prompt]].total(r.known) for r in first], first)
     for m in models:
-        m.admission_log_sd, m.admission_slope = sd, slope
+        m.admission = admission
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps([m.to_json() for m in models]))
     tmp.replace(path)
@@ -154,10 +154,11 @@ def served(
     error at admission as a first epoch knows it (``combine.admission_fit``)."""
     text = cross_fitted(workload, budget, log)
     models = tuple(fold_combiners(budget, prompts, log))
+    sd, slope = models[0].trust(workload.name)
     return dataclasses.replace(
         text,
-        admission_log_sd=models[0].admission_log_sd,
-        admission_slope=models[0].admission_slope,
+        admission_log_sd=sd,
+        admission_slope=slope,
         combiners=models,
         folds=budget.folds,
         seed=budget.seed,
@@ -185,5 +186,5 @@ def fit_for_model(
         other = fitted[half[r.prompt]]
         predicted.append(other.total(r.known) if other is not None else r.total)
     model = combine.fit(out, seed)
-    model.admission_log_sd, model.admission_slope = combine.admission_fit(predicted, first)
+    model.admission = combine.admission_fit(predicted, first)
     return model
