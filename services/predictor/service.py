@@ -6,9 +6,9 @@ combiner ``loom predictor train`` fitted on held-out prompts and wrote beside th
 earlier samples (finished trajectories of the same task in other groups or jobs: its history), its group's
 finished samples and running ones (their progress, from their own requests), its step and what it
 generated. All of it arrives on subjects the service already hears: nothing is asked of the caller but the
-trajectory's group, prompt length and workload (its trace set, where the task names one). A request the model cannot read (no context, or past its deadline)
-is still combined, without the text; a model exported before combiners existed is refined by the finished
-samples of the same prompt alone (``loom.predict.blend``).
+trajectory's group, prompt length and workload (its trace set, where the task names one). A request the
+model cannot read (no context, or past its deadline) is still combined, without the text; a model exported
+before combiners existed is refined by the finished samples of the same prompt alone (``loom.predict.blend``).
 
 When a sample finishes, the estimates of its group's unfinished samples move, and the service publishes them
 as priority updates, so a sibling still waiting in a router's queue is re-keyed (and, with migration, may

@@ -19,8 +19,11 @@ of lengths has no text, a first epoch no history, a first call no pace) and a ra
 each cell has one candidate per heuristic available in it: a regression on that heuristic's feature alone,
 which ranks exactly as the heuristic does. Inner folds (by prompt) of the training data measure every
 candidate's Kendall tau within batches; the full model serves a cell only if it beats the best heuristic in
-``CONFIDENCE`` of bootstrap resamples of the batches, else that heuristic serves. So where the features add
-nothing (an unseen workload, no history) the served ranking is the best heuristic's, never below it.
+``CONFIDENCE`` of bootstrap resamples of the batches, else that heuristic serves: where the features add
+nothing on the inner folds, the cell ranks as its best heuristic. A workload with enough prompts gets cells
+of its own; the pooled cells, which serve every other workload, choose their candidate leaving one workload
+out at a time, for the least it loses to that workload's best heuristic. (Measured in ``loom bench
+predictor``'s ``held_out``: from two workloads, that choice still loses to a third's best heuristic in places.)
 
 The estimate is the log-normal median given that the total exceeds what was generated
 (``loom.predict.blend.survived_median``), with the cell's own residual spread.
@@ -44,7 +47,6 @@ STEP_BUCKETS = (0, 1, 3, 6)
 INNER_FOLDS = 4
 CONFIDENCE = 0.9
 RIDGE = 1.0
-BATCH_PROMPTS = 8
 BOOTSTRAP = 1000
 FORMAT = 2
 # A workload's own combiner needs this many prompts among its rows; fewer, and the pooled one serves it.
