@@ -185,6 +185,6 @@ def fit_for_model(
     for r in first:
         other = fitted[half[r.prompt]]
         predicted.append(other.total(r.known) if other is not None else r.total)
-    model = combine.fit(out, seed)
-    model.admission = combine.admission_fit(predicted, first)
-    return model
+    combiner = combine.fit(out, seed)
+    combiner.admission = combine.admission_fit(predicted, first)
+    return combiner
