@@ -53,8 +53,8 @@ $(GEM_STAMP): pyproject.toml | $(STAMP)
 
 install: $(STAMP) $(GEM_STAMP)
 
-# Lint needs the dev venv alone, so that under `make -j2 test` (.ci/run) mypy, whose cold cache takes minutes, runs
-# while GEM's venv builds.
+# Lint needs the dev venv alone, so that `make test` runs mypy, whose cold cache takes minutes, while GEM's venv
+# builds.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check libs services cli tests examples
 	$(VENV)/bin/ruff format --check libs services cli tests examples
@@ -64,7 +64,8 @@ lint: $(STAMP)
 # compiled first: where PYTHONDONTWRITEBYTECODE is set (as in CI), every service, worker and CLI call the tests
 # start would compile what it imports from source again (about 0.4 s of CPU for a service, measured); Python
 # checks each file against its source, so a stale one is never used.
-test: lint install
+test: $(STAMP)
+	$(MAKE) -j2 lint install
 	$(PY) -m compileall -q libs cli services examples tests > /dev/null
 	$(VENV)/bin/pytest -q -ra --durations=30
 
