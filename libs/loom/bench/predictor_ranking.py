@@ -37,14 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from loom.bench.harness.learned import Budget, cross_fitted, fold_of
-from loom.bench.harness.served import fold_combiners, groups, known_at, rows, training_rows
+from loom.bench.harness.served import BATCH_PROMPTS, fold_combiners, known_at, prompt_key, training_rows
 from loom.predict import combine, evaluate
-from loom.predict.combine import Known, Row
+from loom.predict.combine import Known
 from loom.predict.evaluate import kendall_tau_b
-from loom.workloads.base import Workload
+from loom.workloads.base import Workload, WorkTraj
 
 STEPS = (0, 1, 2, 5)
-BATCH_PROMPTS = 8
 HEURISTICS = ("learned", "previous_epoch", "previous_mean", "first_sibling", "prompt_length")
 METHODS = ("served", *HEURISTICS)
 # What a rollout system has without a trained model: the bar the served predictor is held to.
@@ -85,11 +84,12 @@ def cross_fitted_served(
     """workload -> step -> id -> the served total, each prompt's by the combiner of its fold (fitted on
     the rows of every other fold's prompts, of all the workloads)."""
     models = fold_combiners(budget, prompts)
-    out = {}
-    for name, w in workloads.items():
-        rs = rows(w, learned[name], steps)
-        out[name] = _predict(rs, lambda r: models[fold_of(r.prompt, budget.folds, budget.seed)])
-    return out
+    return {
+        name: _served(
+            w, learned[name], steps, lambda t: models[fold_of(prompt_key(t), budget.folds, budget.seed)]
+        )
+        for name, w in workloads.items()
+    }
 
 
 def held_out_served(
@@ -108,18 +108,27 @@ def held_out_served(
     for name, w in workloads.items():
         text = cross_fitted(w, dataclasses.replace(budget, folds=1, held_out=name), steps=steps).totals
         model = combine.fit([r for other, rs in train.items() if other != name for r in rs], budget.seed)
-        out[name] = {
-            k: {tid: model.total(known) for tid, known in known_at(w, k, text).items()} for k in steps
-        }
+
+        def every(_: WorkTraj, m: combine.Combiner = model) -> combine.Combiner:
+            return m
+
+        out[name] = _served(w, text, steps, every)
         texts[name] = text
     return out, texts
 
 
-def _predict(rs: Sequence[Row], model_of: Callable[[Row], combine.Combiner]) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    for r in rs:
-        out.setdefault(r.known.step, {})[r.trajectory] = model_of(r).total(r.known)
-    return out
+def _served(
+    w: Workload,
+    text: Mapping[str, np.ndarray],
+    steps: Sequence[int],
+    model_of: Callable[[WorkTraj], combine.Combiner],
+) -> dict[int, dict[str, float]]:
+    """step -> id -> the served total of each trajectory still running, by the combiner ``model_of`` it."""
+    by_id = {t.id: t for t in w.trajectories}
+    return {
+        k: {tid: model_of(by_id[tid]).total(known) for tid, known in known_at(w, k, text).items()}
+        for k in steps
+    }
 
 
 def within_batches(
@@ -148,7 +157,7 @@ def batch_taus(
 ) -> dict[str, list[float]]:
     """Each method's tau-b in every batch with two or more of its trajectories scored (one list per
     method, batch by batch in the workload's order: paired across methods)."""
-    prompts = list(groups(workload))
+    prompts = list(workload.by_prompt())
     actual = {t.id: float(t.output_tokens) for t in workload.trajectories}
     prompt_of = {t.id: t.prompt for t in workload.trajectories}
     batches = [set(prompts[i : i + batch_prompts]) for i in range(0, len(prompts), batch_prompts)]

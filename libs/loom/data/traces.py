@@ -41,7 +41,12 @@ class Trace:
 
 def prompt_of(trace: Trace) -> str:
     """The prompt a trajectory answered: trials of one prompt share the id up to ``#trial``."""
-    return trace.id.split("#", 1)[0]
+    return prompt_id(trace.id)
+
+
+def prompt_id(trace_id: str) -> str:
+    """The prompt of the recorded trajectory ``trace_id`` (its id up to ``#trial``)."""
+    return trace_id.split("#", 1)[0]
 
 
 def default_swe_path() -> Path:

@@ -538,9 +538,8 @@ class PredictRequest(Struct):
     # finished samples of the same group are its siblings, those of other groups the prompt's history.
     group: int = -1
     prompt_tokens: NonNeg = 0  # tokens of its prompt, its first call's input (0: unknown)
-    workload: str = (
-        ""  # the trace set its task comes from, where the task says (``TaskSpec.data["workload"]``)
-    )
+    # The trace set its task comes from, where the task says (``TaskSpec.data["workload"]``).
+    workload: str = ""
 
 
 class Prediction(Struct):

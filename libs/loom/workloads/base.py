@@ -76,6 +76,13 @@ class Workload:
     def groups(self) -> int:
         return len({t.prompt for t in self.trajectories})
 
+    def by_prompt(self) -> dict[str, list[WorkTraj]]:
+        """Each prompt's samples (its group), prompts and samples in the workload's order."""
+        out: dict[str, list[WorkTraj]] = {}
+        for t in self.trajectories:
+            out.setdefault(t.prompt, []).append(t)
+        return out
+
 
 def group_traces(traces: Iterable[Trace]) -> dict[str, list[Trace]]:
     """The recorded trials of each prompt, prompts and trials in file order."""

@@ -93,9 +93,7 @@ def redundancy_speedup(
     """Time until ``groups`` groups hold ``samples`` finished trajectories each: launching exactly that
     many (hung environments rerun after the timeout), or ``extra_groups`` more groups of ``extra_samples``
     more samples each and stopping at the target. None where the target is never met."""
-    by_prompt: dict[str, list[WorkTraj]] = {}
-    for t in workload.trajectories:
-        by_prompt.setdefault(t.prompt, []).append(t)
+    by_prompt = workload.by_prompt()
     prompts = [p for p, ts in by_prompt.items() if len(ts) >= samples + extra_samples]
     if len(prompts) < groups + extra_groups:
         raise ValueError(

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from loom.bench.harness.learned import Budget, Learned, cache_root, cross_fitted, fold_of, totals_by
+from loom.data.traces import prompt_id
 from loom.predict import combine
 from loom.predict.combine import Known, Row
 from loom.workloads import WORKLOADS
@@ -42,36 +43,25 @@ VERSION = 4
 
 
 def row_workloads(prompts: Mapping[str, int | None], seed: int) -> dict[str, Workload]:
+    """The trace sets as the benchmarks replay them (coding's samples vary its recorded run, its default)."""
     return {
-        name: WORKLOADS[name](prompts=n, group_size=GROUP[name], seed=seed, **_siblings(name))
-        for name, n in prompts.items()
+        name: WORKLOADS[name](prompts=n, group_size=GROUP[name], seed=seed) for name, n in prompts.items()
     }
-
-
-def _siblings(name: str) -> dict[str, str]:
-    return {"siblings": "varied"} if name == "coding" else {}
 
 
 def _generated(t: WorkTraj, k: int) -> float:
     return float(sum(s.output_len for s in t.steps[:k]))
 
 
-def groups(workload: Workload) -> dict[str, list[WorkTraj]]:
-    out: dict[str, list[WorkTraj]] = {}
-    for t in workload.trajectories:
-        out.setdefault(t.prompt, []).append(t)
-    return out
-
-
 def prompt_key(t: WorkTraj) -> str:
     """The prompt as the text model's folds deal it (a recorded run's id up to ``#trial``)."""
-    return t.trace.split("#", 1)[0] if t.trace else t.prompt
+    return prompt_id(t.trace) if t.trace else t.prompt
 
 
 def known_at(workload: Workload, k: int, learned: Mapping[str, np.ndarray]) -> dict[str, Known]:
     """What a rollout knows of every trajectory still running after ``k`` calls (id -> Known)."""
     out: dict[str, Known] = {}
-    for samples in groups(workload).values():
+    for samples in workload.by_prompt().values():
         n = len(samples)
         finished = sorted(
             (s for s in samples if len(s.steps) <= k), key=lambda s: (len(s.steps), s.output_tokens)
@@ -97,7 +87,7 @@ def known_at(workload: Workload, k: int, learned: Mapping[str, np.ndarray]) -> d
 def rows(workload: Workload, learned: Mapping[str, np.ndarray], steps: Sequence[int]) -> list[Row]:
     """Every trajectory at every step of ``steps`` it is still running at, ranked within its batch of
     ``BATCH_PROMPTS`` prompts at that step."""
-    batch_of = {p: i // BATCH_PROMPTS for i, p in enumerate(groups(workload))}
+    batch_of = {p: i // BATCH_PROMPTS for i, p in enumerate(workload.by_prompt())}
     by_id = {t.id: t for t in workload.trajectories}
     out = []
     for k in steps:

@@ -197,10 +197,7 @@ def run_training(
     if steps <= warmup:
         raise ValueError(f"need more steps ({steps}) than warm-up steps ({warmup})")
     wall0 = time.perf_counter()
-    prompts: dict[str, list[WorkTraj]] = {}
-    for t in workload.trajectories:
-        prompts.setdefault(t.prompt, []).append(t)
-    data = list(prompts.values())
+    data = list(workload.by_prompt().values())
     if len(data) < batch_groups:
         raise ValueError(f"{len(data)} groups in the workload, fewer than a batch of {batch_groups}")
     sim = VirtualSim()
