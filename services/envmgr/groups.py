@@ -1,7 +1,8 @@
 """Which samples a group keeps when it was started with redundant ones (RollArt's redundant rollouts).
 
 One KV entry per group lists the trajectories kept so far; a finishing sample claims a place with a
-compare-and-set, so that across any number of managers exactly ``group_size`` samples are kept.
+compare-and-set, so that across any number of managers exactly ``group_size`` samples are kept. Every read is
+done again while the bucket's stream elects a leader (a nats-server died): a running trajectory fails on none.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from loom.protocol import TrajWork, subjects
-from loom.runtime.bus import kv_key
+from loom.runtime.bus import JS_ELECTING, kv_key, through_failover
 
 
 class GroupLedger:
@@ -21,7 +22,7 @@ class GroupLedger:
 
     async def _read(self, key: str) -> tuple[list[str], int | None]:
         try:
-            e = await self.kv.get(key)
+            e = await through_failover(lambda: self.kv.get(key))
         except KeyNotFoundError:
             return [], None
         return (json.loads(e.value) if e.value else []), e.revision
@@ -34,7 +35,7 @@ class GroupLedger:
         """Whether the scheduler gave the stream's group up (the bound aborted it): its samples not yet begun
         never run."""
         try:
-            await self.kv.get(subjects.group_restarted_key(w.job_id, w.group))
+            await through_failover(lambda: self.kv.get(subjects.group_restarted_key(w.job_id, w.group)))
         except KeyNotFoundError:
             return False
         return True
@@ -58,3 +59,5 @@ class GroupLedger:
                 return new
             except KeyWrongLastSequenceError:
                 continue  # another sample claimed first: read again
+            except JS_ELECTING:
+                continue  # the write may have landed: the next read tells

@@ -40,7 +40,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime import results
-from loom.runtime.bus import kv_key
+from loom.runtime.bus import kv_key, through_failover
 from loom.runtime.genclient import GenClient
 from loom.runtime.service import Runtime
 from loom.runtime.workers import ContextLimits
@@ -225,7 +225,7 @@ class EnvManager:
     async def _stream_version(self, job_id: str) -> int:
         if job_id not in self.versions:
             try:
-                entry = await self.kv_streams.get(job_id)
+                entry = await through_failover(lambda: self.kv_streams.get(job_id))
                 stored = decode(entry.value, Stream).version if entry.value else 0
             except KeyNotFoundError:
                 stored = 0
@@ -311,11 +311,15 @@ class EnvManager:
                 outcome = "failed"
                 traj = self._failed(w, e)
                 payload = encode(RewardRequest(traj, w.reward, w.tenant, w.task, w.reward_params))
-            # Reward request first, ack second: a crash between them redelivers, and the streams dedupe.
-            await self.rt.js.publish(
-                subjects.reward_submit(w.tenant, w.job_id),
-                payload,
-                headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
+            # Reward request first, ack second: a crash between them redelivers, and the streams dedupe (so the
+            # publish may be asked again while its stream elects a leader; failing, it ran the whole trajectory
+            # again once its work was redelivered).
+            await through_failover(
+                lambda: self.rt.js.publish(
+                    subjects.reward_submit(w.tenant, w.job_id),
+                    payload,
+                    headers={"Nats-Msg-Id": results.msg_id(w.job_id, w.traj_id)},
+                )
             )
             await r.msg.ack()
         finally:

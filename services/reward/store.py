@@ -10,7 +10,7 @@ from nats.js.kv import KeyValue
 
 from loom.protocol import TrajDone, Trajectory, TrajMeta, TrajState, encode, subjects
 from loom.runtime import results
-from loom.runtime.bus import kv_key
+from loom.runtime.bus import kv_key, through_failover
 
 
 async def store(
@@ -18,11 +18,13 @@ async def store(
 ) -> bool:
     """Store ``traj`` with ``reward``; returns False when it had been stored before (a redelivery)."""
     traj = msgspec.structs.replace(traj, reward=reward)
-    stored = await results.publish_result(js, traj)
+    # Both writes may be asked again while their stream elects a leader: the result carries its message id (the
+    # stream keeps one), the state is a whole record. Failing here instead spent the request's deliveries, and
+    # past the last one the trajectory was stored without its reward.
+    stored = await through_failover(lambda: results.publish_result(js, traj))
     state: TrajState = "done" if traj.status == "completed" else "failed"
-    await kv_traj.put(
-        kv_key(traj.job_id, traj.traj_id), encode(TrajMeta(traj.job_id, traj.traj_id, state=state))
-    )
+    meta = encode(TrajMeta(traj.job_id, traj.traj_id, state=state))
+    await through_failover(lambda: kv_traj.put(kv_key(traj.job_id, traj.traj_id), meta))
     ev = TrajDone(
         traj.job_id,
         traj.traj_id,

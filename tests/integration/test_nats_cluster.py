@@ -14,9 +14,11 @@ import pytest
 from nats.errors import NoServersError
 
 from loom.identity import nats_auth
-from loom.protocol import subjects
-from loom.runtime import bus
+from loom.protocol import Trajectory, WorkerInfo, encode, subjects
+from loom.runtime import bus, results
 from loom.runtime.natsserver import NatsCluster, NatsServer
+from loom.runtime.workers import ContextLimits
+from services.reward.store import store
 
 
 async def _leader(js, stream: str) -> str:  # type: ignore[no-untyped-def]
@@ -103,3 +105,64 @@ async def test_a_client_that_must_fail_fast_does_so_on_any_list_of_servers(tmp_p
         assert time.monotonic() - started < 5
     finally:
         await server.stop()
+
+
+async def test_what_a_trajectory_reads_and_stores_goes_on_through_a_leader_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reads and writes every running trajectory makes (the fleet's context limit before each call; its
+    result, stored once scored) while the streams they use elect a new leader: none fails. The context-limit
+    read raised a nats timeout here and ended its trajectory as failed (the likely cause of the HA e2e test's
+    job completing with 11 of 12); the store failed with "no response from stream", spending the reward
+    request's deliveries."""
+    monkeypatch.setenv("LOOM_JS_REPLICAS", "3")
+    cluster = NatsCluster(tmp_path / "nats")
+    url = await cluster.start()
+    cluster.supervise()
+    nc = await bus.connect(url, "test")
+    admin = nc.jetstream(timeout=10)
+    # A short API timeout for the trajectory's side, so that an election outlasts it on an idle machine as it
+    # does on a loaded one.
+    js = nc.jetstream(timeout=1)
+    beating: asyncio.Task[None] | None = None
+    try:
+        await bus.ensure_streams(admin)
+        workers = await admin.key_value(subjects.KV_WORKERS)
+        kv_traj = await js.key_value(subjects.KV_TRAJ)
+
+        async def heartbeat() -> None:
+            now = time.time()
+            info = WorkerInfo("w0", "m", "sim", "h100", 1, 8, 10_000, now, now, max_context_tokens=4096)
+            await bus.through_failover(lambda: workers.put("w0", encode(info)))
+
+        async def heartbeats() -> None:  # as a rollout worker's, every second
+            while True:
+                await asyncio.sleep(1.0)
+                await heartbeat()
+
+        await heartbeat()
+        beating = asyncio.create_task(heartbeats())
+        limits = ContextLimits(js, ttl_s=0.0)
+        assert await limits.of("m") == 4096
+        for stream in (f"KV_{subjects.KV_WORKERS}", subjects.STREAM_RESULTS):
+            leader = await _leader(admin, stream)
+            victim = next(s for s in cluster.servers if s.cluster and s.cluster.server_name == leader)
+            assert victim.proc is not None
+            restarts = victim.restarts
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            for i in range(20):
+                traj = Trajectory(
+                    "j", f"t{stream}{i}", "task", 0, i, "replay", "completed", "stop", [], 0.0, 1.0
+                )
+                assert await limits.of("m") == 4096
+                assert await store(js, kv_traj, nc, traj, 1.0)
+                await asyncio.sleep(0.1)
+            # Back and current before the next kill: two of three down would take the cluster's majority.
+            await NatsCluster.ready(victim, 30)
+            assert victim.restarts == restarts + 1
+        assert await results.count_results(admin, "j") == 40
+    finally:
+        if beating is not None:
+            beating.cancel()
+        await nc.close()
+        await cluster.stop()

@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from loom.protocol import DecodeError, WorkerInfo, decode, subjects
-from loom.runtime.bus import kv_keys
+from loom.runtime.bus import JS_ELECTING, kv_keys, through_failover
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,10 @@ def context_limit(workers: Iterable[WorkerInfo], model: str) -> int | None:
 
 
 class ContextLimits:
-    """The live fleet's context limit per model (``context_limit``), read from the workers' bucket at most
-    every ``ttl_s``: a trajectory loop asks before every call."""
+    """The fleet's context limit per model (``context_limit``), read from the workers' bucket at most every
+    ``ttl_s``: a trajectory loop asks before every call. It counts every worker heard from within
+    ``FLEET_MEMBER_S``: heartbeats stall while the bucket's stream elects a leader, and a limit that vanished
+    with them would let calls past it."""
 
     def __init__(self, js: JetStreamContext, ttl_s: float = 5.0) -> None:
         self.js = js
@@ -85,9 +87,22 @@ class ContextLimits:
     async def of(self, model: str) -> int | None:
         async with self._lock:
             if time.monotonic() - self._read_at > self.ttl_s:
-                self._workers = list((await read_workers(self.js)).values())
+                if self._read_at == -math.inf:  # nothing read yet: wait out an election
+                    self._workers = list((await through_failover(self._read)).values())
+                else:
+                    # The bucket's stream electing a leader (a nats-server died) failed a trajectory here once:
+                    # a limit a few seconds old serves until the next read.
+                    try:
+                        self._workers = list((await self._read()).values())
+                    except JS_ELECTING as e:
+                        log.warning(
+                            "context limits kept from %.0f s ago: %r", time.monotonic() - self._read_at, e
+                        )
                 self._read_at = time.monotonic()
         return context_limit(self._workers, model)
+
+    async def _read(self) -> dict[str, WorkerInfo]:
+        return await read_workers(self.js, within_s=FLEET_MEMBER_S)
 
 
 async def read_workers(
