@@ -8,6 +8,7 @@ manager reloads jobs and recounts their results from the result stream's headers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -34,7 +35,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime import results
-from loom.runtime.bus import kv_key, kv_keys
+from loom.runtime.bus import kv_key, kv_keys, through_failover
 from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerInfo, read_workers
 from services.scheduler.planning import plan
@@ -87,18 +88,20 @@ class JobManager:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.kv_jobs = await self.rt.js.key_value(subjects.KV_JOBS)
-        self.kv_traj = await self.rt.js.key_value(subjects.KV_TRAJ)
+        # A standby takes over when a nats-server died as often as not (the lease's stream lost its leader too):
+        # what it reads to take over is read again through the elections.
+        self.kv_jobs = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_JOBS))
+        self.kv_traj = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_TRAJ))
         await self._reload()
         await self.rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self._on_traj_done)
         # A cancel, wherever it comes from, ends the job's record as cancelled (not "running" for ever).
         await self.rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self._on_cancel)
 
     async def _reload(self) -> None:
-        keys = await kv_keys(self.rt.js, subjects.KV_JOBS)
+        keys = await through_failover(functools.partial(kv_keys, self.rt.js, subjects.KV_JOBS))
         for k in keys:
             try:
-                entry = await self.kv_jobs.get(k)
+                entry = await through_failover(functools.partial(self.kv_jobs.get, k))
             except KeyNotFoundError:
                 continue
             if entry.value:
@@ -108,7 +111,7 @@ class JobManager:
                 self.jobs[job.id] = job
                 if job.state not in TERMINAL_JOB_STATES:
                     self.done[job.id] = {}
-        for h in await results.scan_headers(self.rt.js):
+        for h in await through_failover(functools.partial(results.scan_headers, self.rt.js)):
             if h.job_id in self.done:
                 self.done[h.job_id][h.traj_id] = h.status
         log.info("reloaded %d jobs (%d active)", len(self.jobs), len(self.done))

@@ -10,6 +10,7 @@ next rollout starts on the freed GPUs. Registrations are kept in KV and replayed
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.runtime.bus import kv_keys
+from loom.runtime.bus import kv_keys, through_failover
 from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,13 @@ class RLJobManager:
         self.m_cost = m.gauge("rollmux_cost_per_hour", "Provisioning cost of the co-scheduled groups ($/h)")
 
     async def start(self) -> None:
-        self.kv = await self.rt.js.key_value(subjects.KV_RLJOBS)
-        keys = await kv_keys(self.rt.js, subjects.KV_RLJOBS)
+        # Read through the elections a standby may take over during (``jobs.JobManager.start``).
+        self.kv = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_RLJOBS))
+        keys = await through_failover(functools.partial(kv_keys, self.rt.js, subjects.KV_RLJOBS))
         records = []
         for k in keys:
             try:
-                entry = await self.kv.get(k)
+                entry = await through_failover(functools.partial(self.kv.get, k))
             except KeyNotFoundError:
                 continue
             if entry.value:

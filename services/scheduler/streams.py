@@ -105,15 +105,16 @@ class StreamManager:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        # Read through the elections a standby may take over during (``jobs.JobManager.start``).
         js = self.rt.js
-        self.kv = await js.key_value(subjects.KV_STREAMS)
-        self.kv_jobs = await js.key_value(subjects.KV_JOBS)
-        self.kv_groups = await js.key_value(subjects.KV_GROUPS)
-        self.kv_weights = await js.key_value(subjects.KV_WEIGHTS)
-        keys = await kv_keys(self.rt.js, subjects.KV_STREAMS)
+        self.kv = await through_failover(functools.partial(js.key_value, subjects.KV_STREAMS))
+        self.kv_jobs = await through_failover(functools.partial(js.key_value, subjects.KV_JOBS))
+        self.kv_groups = await through_failover(functools.partial(js.key_value, subjects.KV_GROUPS))
+        self.kv_weights = await through_failover(functools.partial(js.key_value, subjects.KV_WEIGHTS))
+        keys = await through_failover(functools.partial(kv_keys, js, subjects.KV_STREAMS))
         for k in keys:
             with contextlib.suppress(KeyNotFoundError):
-                entry = await self.kv.get(k)
+                entry = await through_failover(functools.partial(self.kv.get, k))
                 if entry.value:
                     st = decode(entry.value, Stream)
                     self.streams[st.id] = st
