@@ -4,13 +4,17 @@ within its ttl, a clean release at once, and a holder that lost it finds out at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NATS
 
+from loom.runtime import bus
 from loom.runtime.bus import ensure_kv
 from loom.runtime.lease import Lease, LeaseLost
+from loom.runtime.natsserver import NatsServer
 
 TTL = 1.5
 
@@ -75,3 +79,27 @@ async def test_a_lease_that_lapsed_unclaimed_is_taken_again(nc: NATS) -> None:
     assert await b.try_acquire()
     with pytest.raises(LeaseLost, match="taken by b"):
         await a.renew()
+
+
+async def test_a_holder_whose_renewals_go_unanswered_stops_within_the_ttl(tmp_path: Path) -> None:
+    """The entry lapses ``ttl`` after the server stored the last renewal, and a standby may create it then: the
+    holder must know it lost the lease by that time, not when its unanswered renewal times out (5 s later, as
+    nats-py's JetStream requests do), which left two active schedulers in the HA e2e test."""
+    server = NatsServer(tmp_path / "nats")
+    nc = await bus.connect(await server.start(), "t")
+    try:
+        kv = await _bucket(nc, "lease_d")
+        a = Lease(kv, "scheduler", "a", ttl_s=TTL)
+        assert await a.acquire(asyncio.Event())
+        keeping = asyncio.create_task(a.keep(asyncio.Event()))
+        await asyncio.sleep(TTL)
+        await server.stop()  # every renewal from now on waits for an answer that never comes
+        gone = time.monotonic()
+        with pytest.raises(LeaseLost, match="could not be renewed"):
+            await asyncio.wait_for(keeping, 10)
+        assert time.monotonic() - gone < TTL + 0.2
+        assert not a.held
+    finally:
+        with contextlib.suppress(OSError):  # its server is gone
+            await nc.close()
+        await server.stop()

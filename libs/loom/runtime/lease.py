@@ -86,11 +86,12 @@ class Lease:
             return None
 
     async def try_acquire(self) -> bool:
+        sent = time.monotonic()
         try:
             self.revision = await self.kv.create(self.key, msgspec.json.encode(self.me))
         except KeyWrongLastSequenceError:
             return False
-        self._renewed = time.monotonic()
+        self._renewed = sent
         log.info("lease %s taken by %s", self.key, self.me.instance)
         return True
 
@@ -113,17 +114,26 @@ class Lease:
         """One renewal; LeaseLost when another holds it or the last good renewal is ``ttl_s`` old."""
         if self.revision is None:
             raise LeaseLost(f"lease {self.key} is not held")
+        # The entry's ttl runs from when the server stored the write, which is after it was sent: the lease is
+        # held until ``ttl_s`` after the last renewal that was *sent* and landed, and not a moment longer. A
+        # renewal left waiting for its answer past that (its stream electing a leader) found out only when the
+        # request timed out, while a standby had taken over seconds before: two active schedulers.
+        # (One that renews past it, its loop too busy to renew in time, asks all the same: the answer says
+        # whether another took it or it lapsed unclaimed.)
+        sent = time.monotonic()
+        left = self._renewed + self.ttl_s - sent
         try:
-            self.revision = await self.kv.update(self.key, msgspec.json.encode(self.me), last=self.revision)
-            self._renewed = time.monotonic()
+            async with asyncio.timeout(left if left > 0 else None):
+                rev = await self.kv.update(self.key, msgspec.json.encode(self.me), last=self.revision)
+            self.revision, self._renewed = rev, sent
             return
         except KeyWrongLastSequenceError:
-            # A renewal whose reply was lost still counts: the entry then carries our nonce.
+            # A renewal whose reply was lost still counts: the entry then carries our nonce. When it was sent is
+            # not known, so it is renewed again from the revision it made.
             current = await self._entry()
             if current is not None and current[0] == self.me:
                 self.revision = current[1]
-                self._renewed = time.monotonic()
-                return
+                return await self.renew()
             # Lapsed with no one taking it (this instance was too busy to renew in time): no one else acted,
             # so taking it again is safe; if another takes it first, the create fails and the lease is lost.
             if current is None and await self.try_acquire():
