@@ -21,9 +21,11 @@ sibling, the prompt's previous epoch and the mean of its earlier samples, the pr
 95% interval over batches, recall of the top 10% and Pearson's r beside it, and the combiner fitted on two
 trace sets and tested on the third.
 
-Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens, in a process of its
-own as the service runs it, the contexts tokenised beforehand as the service does on each request's
-arrival; ``tokenize_per_request`` is what that costs for one step-2 context.
+Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens (``b1``, ``b32``), in a
+process of its own as the service runs it, the contexts tokenised beforehand as the service does on each
+request's arrival; ``tokenize_per_request`` is what that costs for one step-2 context. What the service
+serves adds the combiner on each query of the batch, with what is known of a trajectory at step 2 of the
+trace sets (``served_b1``, ``served_b32``; timed interleaved with the text model's, on the same batches).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from rich.table import Table
 from loom.bench.predictor_ranking import METHODS as RANK_METHODS
 from loom.bench.registry import Benchmark
 from loom.predict import evaluate
+from loom.predict.combine import Combiner, Known
 
 # Steps 0 to 2 as in Heddle's Figure 13 (and the acceptance line); the later ones, over the trajectories that
 # reach them, show how far along the context starts to tell the long tail apart.
@@ -56,6 +59,10 @@ QUICK_STEPS = 60
 METRICS = (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson))
 # Fewer test trajectories than this (at all, or reaching a step) say nothing about a tail of 10%.
 MIN_TRAJECTORIES = 10
+# Windows in the latency's larger batch (the service's micro-batch is at most this), one trajectory each.
+LATENCY_WINDOWS = 32
+# A combiner and what is known of LATENCY_WINDOWS trajectories: what the served latency combines.
+Served = tuple[Combiner, list[Known]]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,14 +158,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     held_out = set(test_ids)
     test_traces = [t for t in traces if t.id in held_out]
-    latency = _latency(progressive.path, data["test"], test_traces, 30 if args.quick else 300)
-    ranking = _ranking(args.quick, args.seed, console)
+    ranking, served = _ranking(args.quick, args.seed, console)
+    latency = _latency(progressive.path, data["test"], test_traces, 30 if args.quick else 300, served)
     result = {
         "benchmark": "predictor",
         "trajectories": {k: len({e.traj_id for e in v}) for k, v in data.items()},
         "methods": methods,
         "step2_against": _step2_against(totals, actual_of),
         "latency_ms": latency,
+        # What serving the combination costs over the text model alone (what the service served before it).
+        "served_over_text_p99": {
+            b: round(latency[f"served_{b}"]["p99"] / latency[b]["p99"], 3)
+            for b in ("b1", f"b{LATENCY_WINDOWS}")
+        },
         "ranking": ranking,
         "training": training,
         "wall_s": round(time.monotonic() - started, 1),
@@ -167,12 +179,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _ranking(quick: bool, seed: int, console: Console) -> dict[str, Any]:
+def _ranking(quick: bool, seed: int, console: Console) -> tuple[dict[str, Any], Served]:
     """Kendall's tau-b within batches per trace set, step and method, with recall and Pearson's r beside it,
-    and the served combiner tested on each trace set with the other two alone (``held_out``)."""
+    and the served combiner tested on each trace set with the other two alone (``held_out``); and a combiner
+    with what is known of ``LATENCY_WINDOWS`` trajectories at step 2, for the served latency."""
     from loom.bench import predictor_ranking as pr
     from loom.bench.harness.learned import cross_fitted
-    from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, ROW_STEPS, row_workloads
+    from loom.bench.harness.served import (
+        GROUP,
+        QUICK_ROW_PROMPTS,
+        ROW_PROMPTS,
+        ROW_STEPS,
+        fold_combiners,
+        known_at,
+        row_workloads,
+    )
     from loom.bench.rollout import learned_budget
 
     budget = learned_budget(quick, None, seed)
@@ -195,7 +216,10 @@ def _ranking(quick: bool, seed: int, console: Console) -> dict[str, Any]:
         name: pr.ranking_report(w, held_out_text[name], held_out[name], pr.STEPS)
         for name, w in workloads.items()
     }
-    return out
+    # Every trace set's trajectories at step 2 in turn (history, siblings, pace: the combiner's dearest cells).
+    known = [k for n, w in workloads.items() for k in known_at(w, 2, learned[n]).values()]
+    sample = [known[i * len(known) // LATENCY_WINDOWS] for i in range(LATENCY_WINDOWS)]
+    return out, (fold_combiners(budget, prompts)[0], sample)
 
 
 def _intervals(actual: Sequence[float], predicted: Sequence[float]) -> dict[str, list[float]]:
@@ -236,8 +260,11 @@ def _step2_against(
 
 
 def _latency(
-    model_path: Path, examples: Sequence[Any], traces: Sequence[Any], repeats: int
+    model_path: Path, examples: Sequence[Any], traces: Sequence[Any], repeats: int, served: Served
 ) -> dict[str, Any]:
+    """The text model's latency (``b1``, ``b32``) and what the service serves, the text model's batch with the
+    combiner on each of its queries (``served_b1``, ``served_b32``), interleaved in one process."""
+    from loom.bench.predictor_latency import served_input
     from loom.predict import context
     from loom.text.tokenizer import qwen_tokenizer
 
@@ -245,10 +272,20 @@ def _latency(
     full = [e.ids for e in examples if len(e.ids) == context.HEAD_TOKENS + context.TAIL_TOKENS]
     if not full:
         raise SystemExit("no test context fills a 2,048-token window")
-    windows = np.stack([full[i % len(full)] for i in range(32)])
+    windows = np.stack([full[i % len(full)] for i in range(LATENCY_WINDOWS)])
     path = model_path.parent / "latency-windows.npy"
     np.save(path, windows)
-    cmd = [sys.executable, "-m", "loom.bench.predictor_latency", str(model_path), str(path), str(repeats)]
+    served_path = model_path.parent / "latency-served.json"
+    served_path.write_text(json.dumps(served_input(*served)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "loom.bench.predictor_latency",
+        str(model_path),
+        str(path),
+        str(repeats),
+        str(served_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     # Tokenising happens per request as it arrives, before batching: what one step-2 context costs.
@@ -315,6 +352,8 @@ def _print(console: Console, r: dict[str, Any]) -> None:
     console.print(
         "latency (ONNX Runtime): "
         + ", ".join(f"{k} p50 {v['p50']} ms p99 {v['p99']} ms" for k, v in lat.items())
+        + "; served over the text model alone, p99: "
+        + ", ".join(f"{k} {v:.3f}x" for k, v in r["served_over_text_p99"].items())
     )
 
 

@@ -93,6 +93,12 @@ def _log(x: float) -> float:
     return math.log(max(float(x), 1.0))
 
 
+def _logs(xs: Iterable[float]) -> list[float]:
+    """``_log`` of each, inline: ``features`` runs on every request the service answers, and a call per
+    element was most of its cost (a coding trajectory's history holds 15 samples, the service's up to 64)."""
+    return [math.log(x) if x > 1.0 else 0.0 for x in xs]
+
+
 def features(k: Known) -> dict[str, float]:
     """Every feature available for ``k`` (a group's are present only when the group is)."""
     out = {
@@ -103,15 +109,16 @@ def features(k: Known) -> dict[str, float]:
     if k.model_total is not None:
         out["log_model"] = _log(k.model_total)
     if k.history:
-        h = [_log(x) for x in k.history]
+        h = _logs(k.history)
         out |= {"hist_last": h[-1], "hist_mean": sum(h) / len(h), "hist_min": min(h), "hist_max": max(h)}
         # The earlier samples it could still turn out like: those longer than what it has generated.
-        above = [x for x in h if x > math.log(max(k.generated, 1.0))]
-        out["hist_surv"] = sum(above) / len(above) if above else math.log(max(k.generated, 1.0))
+        done = _log(k.generated)
+        above = [x for x in h if x > done]
+        out["hist_surv"] = sum(above) / len(above) if above else done
     if k.finished:
-        f = [_log(x) for x in k.finished]
+        f = _logs(k.finished)
         out |= {"fin_first": f[0], "fin_mean": sum(f) / len(f), "fin_share": len(f) / k.group_size}
-    paces = [_log(g / c) for c, g in k.running if c > 0 and g > 0]
+    paces = _logs([g / c for c, g in k.running if c > 0 and g > 0])
     if k.step > 0 and k.generated > 0 and paces:
         out["pace"] = _log(k.generated / k.step) - sum(paces) / len(paces)
     return out
