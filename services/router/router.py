@@ -9,6 +9,7 @@ is active at a time (the ``router`` lease); others stand by to take over.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -46,7 +47,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.runtime.bus import kv_key
+from loom.runtime.bus import kv_key, through_failover
 from loom.runtime.lease import Lease, LeaseLost, lease_bucket
 from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerRegistry
@@ -129,11 +130,30 @@ class Router:
             raise SystemExit(3) from None
 
     async def _active(self, rt: Runtime) -> None:
-        self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
-        self.kv_jobs = await rt.js.key_value(subjects.KV_JOBS)
-        self.registry = WorkerRegistry(rt.js, await rt.js.key_value(subjects.KV_WORKERS))
-        await self.registry.start()
-        self.workers = await self.registry.live()
+        # The lease is kept from the moment it is held: what the router opens and reads is read through the
+        # streams' elections (a nats-server died), which can outlast the lease's ttl.
+        registry: WorkerRegistry | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.lease.keep(rt.stopping))
+                self.kv_traj = await through_failover(functools.partial(rt.js.key_value, subjects.KV_TRAJ))
+                self.kv_jobs = await through_failover(functools.partial(rt.js.key_value, subjects.KV_JOBS))
+                kv_workers = await through_failover(functools.partial(rt.js.key_value, subjects.KV_WORKERS))
+                registry = self.registry = WorkerRegistry(rt.js, kv_workers)
+                await through_failover(registry.start)
+                self.workers = await through_failover(registry.live)
+                await self._subscribe(rt)
+                tg.create_task(self._dispatch_forever())
+                tg.create_task(self._keepalive_forever())
+                tg.create_task(self._registry_forever())
+                await rt.stopping.wait()
+                self.wake.set()
+        finally:
+            if registry is not None:
+                await registry.stop()
+            await self.transfers.close()
+
+    async def _subscribe(self, rt: Runtime) -> None:
         await rt.subscribe(subjects.GEN_REQUEST, GenRequest, self.on_gen, queue=subjects.QUEUE_GROUP)
         await rt.subscribe(subjects.GEN_ABORT, AbortRequest, self.on_abort)
         await rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self.on_cancel)
@@ -142,17 +162,6 @@ class Router:
         await rt.subscribe(subjects.WORKER_DONE_ALL, WorkerDone, self.on_done)
         await rt.subscribe(subjects.TELEMETRY_WORKERS, WorkerLoad, self.on_load)
         await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_traj_done)
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._dispatch_forever())
-                tg.create_task(self._keepalive_forever())
-                tg.create_task(self._registry_forever())
-                tg.create_task(self.lease.keep(rt.stopping))
-                await rt.stopping.wait()
-                self.wake.set()
-        finally:
-            await self.registry.stop()
-            await self.transfers.close()
 
     def health(self) -> dict[str, Any]:
         if not self.active:

@@ -88,16 +88,20 @@ class Scheduler:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(server.serve())
                 if await self.lease.acquire(rt.stopping):
+                    # Kept from the moment it is held: the reload reads through the streams' elections, which
+                    # can outlast the lease's ttl, and a lease left to lapse meanwhile lets a standby take over
+                    # beside this one.
+                    tg.create_task(self._hold_lease(rt, lost))
                     await self.jobs.start()
                     await self.rljobs.start()
                     await self.streams.start()
                     await self.dashboard.start()
-                    self.role.active = True
-                    log.info("scheduler %s is active", rt.instance)
-                    tg.create_task(self.jobs.reconcile_forever())
-                    tg.create_task(self.streams.lease_forever())
-                    tg.create_task(self.dashboard.poll_reward_forever())
-                    tg.create_task(self._hold_lease(rt, lost))
+                    if not rt.stopping.is_set():
+                        self.role.active = True
+                        log.info("scheduler %s is active", rt.instance)
+                        tg.create_task(self.jobs.reconcile_forever())
+                        tg.create_task(self.streams.lease_forever())
+                        tg.create_task(self.dashboard.poll_reward_forever())
                 await rt.stopping.wait()
                 server.should_exit = True
         finally:

@@ -131,6 +131,7 @@ class WorkerRegistry:
         self._watcher: KeyValue.KeyWatcher | None = None
 
     async def start(self) -> None:
+        await self.stop()  # a start tried again (through an election) first drops the watch the last one made
         self._watcher = await self.kv.watchall()
         self._task = asyncio.create_task(self._follow(self._watcher))
         await asyncio.wait_for(self._ready.wait(), 30)
@@ -143,13 +144,15 @@ class WorkerRegistry:
                 self.seen[key] = info
 
     async def stop(self) -> None:
-        if self._watcher is not None:
+        watcher, self._watcher = self._watcher, None
+        task, self._task = self._task, None
+        if watcher is not None:
             with contextlib.suppress(Exception):
-                await self._watcher.stop()
-        if self._task is not None:
-            self._task.cancel()
+                await watcher.stop()
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:
