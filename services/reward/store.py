@@ -34,6 +34,7 @@ async def store(
         len(traj.steps),
         traj.task_id,
         traj.group,
+        "" if traj.status == "completed" else results.cause(traj.finish_reason),
     )
     await nc.publish(subjects.traj_done(traj.job_id), encode(ev))
     return stored

@@ -27,6 +27,7 @@ from loom.protocol import (
     CancelJob,
     Job,
     JobSpec,
+    JobState,
     TrajDone,
     TrajMeta,
     TrajWork,
@@ -38,6 +39,7 @@ from loom.runtime import results
 from loom.runtime.bus import kv_key, kv_keys, through_failover
 from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerInfo, read_workers
+from services.scheduler.breaker import Breaker
 from services.scheduler.planning import plan
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import (
@@ -62,6 +64,10 @@ class JobTooLarge(Exception):
     """The job's record does not fit in one bus message (413)."""
 
 
+def _breaker(job: Job) -> Breaker:
+    return Breaker(min(job.spec.fail_fast, job.n_trajectories))
+
+
 def _chunks(items: list[T], n: int) -> list[list[T]]:
     return [items[i : i + n] for i in range(0, len(items), n)]
 
@@ -75,6 +81,7 @@ class JobManager:
         self.streams_in_flight: Callable[[str], int] = lambda _: 0
         # job -> traj -> status of every stored result (deduplicated by trajectory).
         self.done: dict[str, dict[str, str]] = {}
+        self.breakers: dict[str, Breaker] = {}  # of the jobs in ``done``
         self.placement = RoundRobinPlacement()
         self._lock = asyncio.Lock()
         self._starting: set[str] = set()  # jobs being placed and dispatched
@@ -111,9 +118,14 @@ class JobManager:
                 self.jobs[job.id] = job
                 if job.state not in TERMINAL_JOB_STATES:
                     self.done[job.id] = {}
+                    self.breakers[job.id] = _breaker(job)
+        # In the order they were stored, as the breaker first saw them (a trip found here fails the job at
+        # its next result).
         for h in await through_failover(functools.partial(results.scan_headers, self.rt.js)):
-            if h.job_id in self.done:
-                self.done[h.job_id][h.traj_id] = h.status
+            seen = self.done.get(h.job_id)
+            if seen is not None and h.traj_id not in seen:
+                seen[h.traj_id] = h.status
+                self.breakers[h.job_id].see(h.status, h.finish_reason)
         log.info("reloaded %d jobs (%d active)", len(self.jobs), len(self.done))
 
     async def reconcile_forever(self) -> None:
@@ -163,6 +175,7 @@ class JobManager:
             )
         await self._save(job)
         self.done[job_id] = {}
+        self.breakers[job_id] = _breaker(job)
         self.m_jobs.inc()
         log.info("job %s accepted: %d trajectories", job_id, job.n_trajectories)
         task = asyncio.create_task(self._launch(job))
@@ -197,7 +210,8 @@ class JobManager:
             self._starting.discard(job.id)
 
     def _cancelled(self, job_id: str) -> bool:
-        return self.jobs[job_id].state == "cancelled"
+        """Whether the job was ended while it was being dispatched (cancelled, or failed by its breaker)."""
+        return self.jobs[job_id].state in ("cancelled", "failed")
 
     async def _write_live(self, job_id: str, items: list[T], write: Callable[[T], Awaitable[object]]) -> bool:
         """``write`` every item, 256 at a time, until the job is cancelled; whether all were written."""
@@ -248,7 +262,15 @@ class JobManager:
         seen = self.done.get(ev.job_id)
         if seen is None:
             return
+        new = ev.traj_id not in seen
         seen[ev.traj_id] = ev.status
+        cause = self.breakers[ev.job_id].see(ev.status, ev.cause) if new else None
+        if cause is not None:
+            first = self.breakers[ev.job_id].first
+            await self._end(
+                ev.job_id, "failed", f"the first {first} trajectories to finish all failed: {cause}"
+            )
+            return
         job = self.jobs.get(ev.job_id)
         if job is not None and len(seen) >= job.n_trajectories:
             await self._refresh(ev.job_id, recount=False)
@@ -285,6 +307,7 @@ class JobManager:
         await self._save(msgspec.structs.replace(job, **changes))
         if self.jobs[job_id].state in TERMINAL_JOB_STATES:
             self.done.pop(job_id, None)
+            self.breakers.pop(job_id, None)
 
     # ------------------------------------------------------------------ cancel
 
@@ -295,20 +318,36 @@ class JobManager:
             await self.cancel(c.job_id)
 
     async def cancel(self, job_id: str) -> Job:
+        return await self._end(job_id, "cancelled")
+
+    async def _end(self, job_id: str, state: JobState, error: str | None = None) -> Job:
+        """End the job as ``state`` (cancelled, or failed by its breaker) with what finished so far counted;
+        what is queued is dropped, what runs stops with its engine requests."""
         async with self._lock:
             job = self.jobs[job_id]
             if job.state in TERMINAL_JOB_STATES:
                 return job
-            job = msgspec.structs.replace(job, state="cancelled", finished_at=self.rt.clock.now())
+            seen = self.done.pop(job_id, {})
+            self.breakers.pop(job_id, None)
+            completed = sum(1 for s in seen.values() if s == "completed")
+            job = msgspec.structs.replace(
+                job,
+                state=state,
+                finished_at=self.rt.clock.now(),
+                error=error,
+                completed=max(job.completed, completed),
+                failed=max(job.failed, len(seen) - completed),
+            )
             await self._save(job)
-            self.done.pop(job_id, None)
+        if error:
+            log.warning("job %s %s: %s", job_id, state, error)
         # Drop queued trajectories, then stop running ones and their engine requests.
         await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work(job_id))
         # And what waits in the library lanes (gem: work goes to managers of its own).
         await self.rt.js.purge_stream(subjects.STREAM_TRAJWORK, subject=subjects.traj_work_lanes(job_id))
         await self.rt.nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(job_id)))
         await self.rt.nc.publish(subjects.GEN_ABORT, encode(AbortRequest(job_id=job_id)))
-        log.info("job %s cancelled", job_id)
+        log.info("job %s %s", job_id, state)
         return job
 
     # ------------------------------------------------------------------ store

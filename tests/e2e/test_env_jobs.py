@@ -143,6 +143,19 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
         tmp_path,
         {**base, "env": "tests.integration.user_envs:FlakyReset", "tasks": flaky, "group_size": 1},
     )
+    # A large job whose first trajectories all fail with one cause stops there, failed with it (KNOWN-DEFECTS
+    # 1: it "completed" with every trajectory failed, having run them all).
+    many = [{"id": f"m{i}", "data": {"turns": 2}} for i in range(20)]
+    doomed = loom_up.submit(
+        tmp_path,
+        {
+            **base,
+            "env": "tests.integration.user_envs:FailsToStart",
+            "tasks": many,
+            "fail_fast": 4,
+            "env_concurrency": 1,
+        },
+    )
     reasons = {
         "RaisesInReset": "reset raised RuntimeError: no board for this task",
         "RaisesInStep": "step 0 raised ValueError: bad move",
@@ -151,9 +164,17 @@ def test_broken_environments_fail_only_their_own_trajectories(loom_up: LoomUp, t
     }
     for name, reason in reasons.items():
         job = loom_up.wait_job(jobs[name], timeout=300)
-        assert job["failed"] == 2 and job["completed"] == 0, (name, job)
+        # Both its trajectories failed with one cause: the breaker (every trajectory of a job this small) ends
+        # it failed, with the cause.
+        assert job["state"] == "failed" and job["failed"] == 2 and job["completed"] == 0, (name, job)
+        assert reason in job["error"] and job["error"].startswith("the first 2 trajectories"), job
         for t in loom_up.results(tmp_path, jobs[name]):
             assert t["status"] == "failed" and reason in t["finish_reason"] and t["reward"] is None, t
+    job = loom_up.wait_job(doomed, timeout=300)
+    assert job["state"] == "failed" and job["completed"] == 0, job
+    assert job["error"].startswith("the first 4 trajectories to finish all failed: "), job
+    assert "reset raised LookupError: Resource words not found" in job["error"], job
+    assert 4 <= job["failed"] < 20 and len(loom_up.results(tmp_path, doomed)) < 40, job
     for name in ("Echo", "FlakyReset"):
         job = loom_up.wait_job(jobs[name], timeout=300)
         assert job["completed"] == 2 and job["failed"] == 0, (name, job)

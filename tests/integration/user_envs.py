@@ -37,6 +37,14 @@ class RaisesInReset(Echo):
         raise RuntimeError("no board for this task")
 
 
+class FailsToStart(Echo):
+    """Cannot start, as GEM's word games without NLTK's corpus: its reset takes a moment, then raises."""
+
+    async def reset(self, task: dict[str, Any]) -> str:
+        await asyncio.sleep(0.5)
+        raise LookupError("Resource words not found")
+
+
 class RaisesInStep(Echo):
     async def step(self, action: Action) -> StepResult:
         raise ValueError("bad move")

@@ -187,6 +187,10 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     reward: RewardName | None = None
     reward_params: dict[str, Any] = {}
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    # A circuit breaker: when the first this-many trajectories to finish (or all, in a smaller job) all failed
+    # with one cause (an environment that cannot start, a reward that cannot load), the job fails with that
+    # cause instead of running every other trajectory into it. 0: never.
+    fail_fast: Annotated[int, Meta(ge=0, le=100_000)] = 8
     # Hardware affinity (RollArt §4): task tag -> GPU type of the rollout workers that may run it, with
     # "default" for the rest, e.g. {"coding": "h800", "default": "h20"}. A task's tag is its data's "tag",
     # else the job's env; a type no live worker has constrains nothing (loom.policies.affinity).
@@ -346,6 +350,8 @@ class TrajDone(Struct):
     n_steps: NonNeg
     task_id: str = ""
     group: int = -1  # the job's group it sampled (-1: unknown): a predictor tells siblings from history by it
+    # Why a trajectory that did not complete ended (``results.cause`` of its finish reason); "" when completed.
+    cause: str = ""
 
 
 # ---------------------------------------------------------------- generation

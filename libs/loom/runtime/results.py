@@ -51,6 +51,11 @@ def msg_id(job_id: str, traj_id: str) -> str:
     return f"{job_id}.{traj_id}"
 
 
+def cause(finish_reason: str) -> str:
+    """A finish reason as far as a result's header carries it: what tells two failures' causes apart."""
+    return finish_reason[:120].replace("\r", " ").replace("\n", " ")
+
+
 async def publish_result(js: JetStreamContext, traj: Trajectory) -> bool:
     """Store a scored trajectory; returns False when it was already stored (a duplicate)."""
     headers = {
@@ -63,7 +68,7 @@ async def publish_result(js: JetStreamContext, traj: Trajectory) -> bool:
         H_GROUP: str(traj.group),
         H_START: "" if traj.start_version is None else str(traj.start_version),
         # Why it ended, as far as a header may carry it (stale and redundant aborts are told apart by it).
-        H_FINISH: traj.finish_reason[:120].replace("\r", " ").replace("\n", " "),
+        H_FINISH: cause(traj.finish_reason),
     }
     ack = await js.publish(subjects.results(traj.job_id), encode(traj), headers=headers)
     return not ack.duplicate
