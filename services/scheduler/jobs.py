@@ -119,13 +119,18 @@ class JobManager:
                 if job.state not in TERMINAL_JOB_STATES:
                     self.done[job.id] = {}
                     self.breakers[job.id] = _breaker(job)
-        # In the order they were stored, as the breaker first saw them (a trip found here fails the job at
-        # its next result).
+        # In the order they were stored, as the breaker first saw them: one that trips here (its job's end
+        # was not saved before the last scheduler died) ends its job now.
+        tripped: dict[str, str] = {}
         for h in await through_failover(functools.partial(results.scan_headers, self.rt.js)):
             seen = self.done.get(h.job_id)
             if seen is not None and h.traj_id not in seen:
                 seen[h.traj_id] = h.status
-                self.breakers[h.job_id].see(h.status, h.finish_reason)
+                cause = self.breakers[h.job_id].see(h.status, h.finish_reason)
+                if cause is not None:
+                    tripped[h.job_id] = cause
+        for job_id, cause in tripped.items():
+            await self._trip(job_id, cause)
         log.info("reloaded %d jobs (%d active)", len(self.jobs), len(self.done))
 
     async def reconcile_forever(self) -> None:
@@ -266,10 +271,7 @@ class JobManager:
         seen[ev.traj_id] = ev.status
         cause = self.breakers[ev.job_id].see(ev.status, ev.cause) if new else None
         if cause is not None:
-            first = self.breakers[ev.job_id].first
-            await self._end(
-                ev.job_id, "failed", f"the first {first} trajectories to finish all failed: {cause}"
-            )
+            await self._trip(ev.job_id, cause)
             return
         job = self.jobs.get(ev.job_id)
         if job is not None and len(seen) >= job.n_trajectories:
@@ -319,6 +321,10 @@ class JobManager:
 
     async def cancel(self, job_id: str) -> Job:
         return await self._end(job_id, "cancelled")
+
+    async def _trip(self, job_id: str, cause: str) -> None:
+        first = self.breakers[job_id].first
+        await self._end(job_id, "failed", f"the first {first} trajectories to finish all failed: {cause}")
 
     async def _end(self, job_id: str, state: JobState, error: str | None = None) -> Job:
         """End the job as ``state`` (cancelled, or failed by its breaker) with what finished so far counted;
