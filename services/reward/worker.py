@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -77,7 +78,8 @@ class Worker:
             credentials=self.settings.nats_credentials(),
         )
         self.js = self.nc.jetstream(timeout=10)
-        self.kv_traj = await self.js.key_value(subjects.KV_TRAJ)
+        # Through an election (a nats-server died): a worker started meanwhile exited here, its slot lost.
+        self.kv_traj = await bus.through_failover(functools.partial(self.js.key_value, subjects.KV_TRAJ))
         self.ctx = RewardContext(self.sandboxes.get, self.nc)
         await self.nc.subscribe(subjects.reward_worker(self.id), cb=self._on_assign)
         await self.nc.publish(subjects.REWARD_READY, encode(WorkerReady(self.id)))
