@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 
 from loom.predict.batcher import MicroBatcher
 from loom.predict.blend import SiblingBlend
-from loom.predict.combine import Combiner, Known
+from loom.predict.combine import Combiner, Known, prepare
 from loom.predict.history import HistoryPredictor
 from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajDone, encode, subjects
 from loom.runtime import results
@@ -268,6 +268,12 @@ class PredictorService:
 
     async def on_predict(self, req: PredictRequest, _msg: Msg) -> Prediction:
         if self.batcher is not None:
+            # What the combiner reads but the text model's total is worked out now, while the text model runs
+            # on its thread: once it answers, a sum is left (``loom.predict.combine.prepare``).
+            prepared = None
+            if self.combiner is not None:
+                t, key = self._remember(req, None)
+                prepared = prepare(self._known(t, key))
             remaining = None
             if req.prompt or req.pieces:
                 remaining = await self._model_remaining(req)
@@ -280,8 +286,12 @@ class PredictorService:
                 self.m_requests.labels(method).inc()
                 if req.step == 0 and model_total is not None:
                     self._admit(req.traj_id, model_total)
-                t, key = self._remember(req, model_total)
-                total = self._estimate(t, key)
+                if prepared is not None and self.combiner is not None:
+                    t.model_total = model_total  # for its siblings' finishing to re-estimate it
+                    total = self.combiner.total_prepared(prepared, model_total)
+                else:
+                    t, key = self._remember(req, model_total)
+                    total = self._estimate(t, key)
                 return Prediction(
                     req.traj_id, total - req.generated_tokens, total, method, *self._trust(req.workload)
                 )

@@ -116,6 +116,8 @@ def test_every_estimate_exceeds_what_was_generated_and_survives_json(
     total = model.total(k)
     assert total >= generated and math.isfinite(total)
     assert again.total(k) == total
+    # Prepared before the text model answers (as the service does while it runs), the same estimate.
+    assert model.total_prepared(combine.prepare(k), model_total) == total
 
 
 _FITTED = combine.fit(_rows(40, 2, "previous_mean"))

@@ -1,6 +1,8 @@
 """Latency of the exported regressor under ONNX Runtime, in a process of its own as the service runs it, and
 of what the service serves: the regressor's batch, then the combiner (``loom.predict.combine``) on each of its
-queries in turn, as the service's event loop answers a batch's requests.
+queries in turn, as the service's event loop answers a batch's requests. What the combiner reads but the
+regressor's answer is prepared beforehand (``combine.prepare``), as the service does while a request waits
+for its batch and the batch runs on the regressor's thread.
 
 ``python -m loom.bench.predictor_latency MODEL WINDOWS.npy REPEATS [SERVED.json]`` prints one JSON object: p50
 and p99 in ms of a batch of 1 and of all the windows (``b1``, ``b32``), and with SERVED.json (a combiner and
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from loom.predict import context
-from loom.predict.combine import Combiner, Known
+from loom.predict.combine import Combiner, Known, prepare
 from loom.predict.onnx_model import OnnxRegressor, Query
 
 
@@ -55,11 +57,13 @@ def measure(
     def text(qs: list[Query]) -> None:
         model.remaining(qs)
 
+    prepared = [prepare(k) for k in served[1]] if served is not None else []
+
     def combined(qs: list[Query]) -> None:
         assert served is not None
-        combiner, known = served
-        for k, r in zip(known, model.remaining(qs), strict=False):
-            combiner.total(dataclasses.replace(k, model_total=k.generated + float(r)))
+        combiner = served[0]
+        for p, r in zip(prepared, model.remaining(qs), strict=False):
+            combiner.total_prepared(p, p.known.generated + float(r))
 
     runs = {"": text} | ({"served_": combined} if served is not None else {})
     out = {}

@@ -31,6 +31,8 @@ The estimate is the log-normal median given that the total exceeds what was gene
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 import zlib
 from collections.abc import Iterable, Sequence
@@ -110,18 +112,32 @@ def features(k: Known) -> dict[str, float]:
         out["log_model"] = _log(k.model_total)
     if k.history:
         h = _logs(k.history)
-        out |= {"hist_last": h[-1], "hist_mean": sum(h) / len(h), "hist_min": min(h), "hist_max": max(h)}
+        out["hist_last"], out["hist_mean"] = h[-1], sum(h) / len(h)
+        out["hist_min"], out["hist_max"] = min(h), max(h)
         # The earlier samples it could still turn out like: those longer than what it has generated.
         done = _log(k.generated)
         above = [x for x in h if x > done]
         out["hist_surv"] = sum(above) / len(above) if above else done
     if k.finished:
         f = _logs(k.finished)
-        out |= {"fin_first": f[0], "fin_mean": sum(f) / len(f), "fin_share": len(f) / k.group_size}
+        out["fin_first"], out["fin_mean"], out["fin_share"] = f[0], sum(f) / len(f), len(f) / k.group_size
     paces = _logs([g / c for c, g in k.running if c > 0 and g > 0])
     if k.step > 0 and k.generated > 0 and paces:
         out["pace"] = _log(k.generated / k.step) - sum(paces) / len(paces)
     return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the combiner reads of a trajectory but the text model's total (``prepare``): the service works it
+    out while the text model runs on another thread, so that only a sum is left once its answer comes."""
+
+    known: Known
+    feats: dict[str, float]
+
+
+def prepare(k: Known) -> Prepared:
+    return Prepared(k, features(dataclasses.replace(k, model_total=None)))
 
 
 def pattern(feats: dict[str, float]) -> tuple[str, ...]:
@@ -129,7 +145,7 @@ def pattern(feats: dict[str, float]) -> tuple[str, ...]:
 
 
 def bucket(step: int) -> int:
-    return max(i for i, s in enumerate(STEP_BUCKETS) if step >= s)
+    return max(bisect.bisect_right(STEP_BUCKETS, step) - 1, 0)
 
 
 def _columns(cell_pattern: tuple[str, ...]) -> tuple[str, ...]:
@@ -146,9 +162,22 @@ class Linear:
     centre: list[float]
     sd: float
 
+    def __post_init__(self) -> None:
+        # Summed in Python: numpy's arrays cost more to make than a dozen products (the service calls this on
+        # every request).
+        self._terms = list(zip(self.columns, self.weights, self.centre, strict=True))
+
     def centre_of(self, feats: dict[str, float]) -> float:
-        x = np.array([feats[c] for c in self.columns]) - np.array(self.centre)
-        return _clip(float(self.intercept + x @ np.array(self.weights)))
+        return _clip(self.intercept + sum(w * (feats[c] - m) for c, w, m in self._terms))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "weights": self.weights,
+            "intercept": self.intercept,
+            "centre": self.centre,
+            "sd": self.sd,
+        }
 
 
 # Log totals are clipped to what a trajectory can be (one token to 100M): a regression far outside the
@@ -204,18 +233,25 @@ class Combiner:
         return self.admission.get(workload) or self.admission.get("*") or (1.0, 1.0)
 
     def centre(self, k: Known) -> tuple[float, float]:
-        own = self.workloads.get(k.workload)
+        return self._centre(k.workload, k.step, features(k))
+
+    def _centre(self, workload: str, step: int, feats: dict[str, float]) -> tuple[float, float]:
+        own = self.workloads.get(workload)
         if own is not None:
-            return own.centre(k)
-        feats = features(k)
-        key = _key(pattern(feats), bucket(k.step))
+            return own._centre(workload, step, feats)
+        key = _key(pattern(feats), bucket(step))
         model = self.cells.get(key)
         if model is None:  # a cell no training row fell in: the nearest with fewer groups
-            model = self._nearest(feats, k.step)
+            model = self._nearest(feats, step)
         return model.centre_of(feats), model.sd
 
     def total(self, k: Known) -> float:
         return survived_median(*self.centre(k), k.generated)
+
+    def total_prepared(self, p: Prepared, model_total: float | None) -> float:
+        """``total`` of ``p``'s trajectory with the text model's total now known (None: none came)."""
+        feats = p.feats if model_total is None else {**p.feats, "log_model": _log(model_total)}
+        return survived_median(*self._centre(p.known.workload, p.known.step, feats), p.known.generated)
 
     def _nearest(self, feats: dict[str, float], step: int) -> Linear:
         have = pattern(feats)
@@ -232,9 +268,9 @@ class Combiner:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "cells": {k: vars(m) for k, m in self.cells.items()},
+            "cells": {k: m.to_json() for k, m in self.cells.items()},
             "chosen": self.chosen,
-            "fallback": None if self.fallback is None else vars(self.fallback),
+            "fallback": None if self.fallback is None else self.fallback.to_json(),
             "workloads": {w: c.to_json() for w, c in self.workloads.items()},
             "admission": {w: list(v) for w, v in self.admission.items()},
         }
