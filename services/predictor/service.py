@@ -270,8 +270,8 @@ class PredictorService:
         if self.batcher is not None:
             # What the combiner reads but the text model's total is worked out now, while the text model runs
             # on its thread: once it answers, a sum is left (``loom.predict.combine.prepare``).
-            prepared = None
-            if self.combiner is not None:
+            combiner, prepared = self.combiner, None
+            if combiner is not None:
                 t, key = self._remember(req, None)
                 prepared = prepare(self._known(t, key))
             remaining = None
@@ -286,9 +286,9 @@ class PredictorService:
                 self.m_requests.labels(method).inc()
                 if req.step == 0 and model_total is not None:
                     self._admit(req.traj_id, model_total)
-                if prepared is not None and self.combiner is not None:
+                if combiner is not None and prepared is not None:
                     t.model_total = model_total  # for its siblings' finishing to re-estimate it
-                    total = self.combiner.total_prepared(prepared, model_total)
+                    total = combiner.total_prepared(prepared, model_total)
                 else:
                     t, key = self._remember(req, model_total)
                     total = self._estimate(t, key)

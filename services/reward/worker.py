@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -79,7 +78,7 @@ class Worker:
         )
         self.js = self.nc.jetstream(timeout=10)
         # Through an election (a nats-server died): a worker started meanwhile exited here, its slot lost.
-        self.kv_traj = await bus.through_failover(functools.partial(self.js.key_value, subjects.KV_TRAJ))
+        self.kv_traj = await bus.open_kv(self.js, subjects.KV_TRAJ)
         self.ctx = RewardContext(self.sandboxes.get, self.nc)
         await self.nc.subscribe(subjects.reward_worker(self.id), cb=self._on_assign)
         await self.nc.publish(subjects.REWARD_READY, encode(WorkerReady(self.id)))

@@ -9,7 +9,6 @@ is active at a time (the ``router`` lease); others stand by to take over.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import defaultdict
@@ -47,7 +46,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.runtime.bus import kv_key, through_failover
+from loom.runtime.bus import kv_key, open_kv, through_failover
 from loom.runtime.lease import Lease, LeaseLost, lease_bucket
 from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerRegistry
@@ -136,10 +135,9 @@ class Router:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.lease.keep(rt.stopping))
-                self.kv_traj = await through_failover(functools.partial(rt.js.key_value, subjects.KV_TRAJ))
-                self.kv_jobs = await through_failover(functools.partial(rt.js.key_value, subjects.KV_JOBS))
-                kv_workers = await through_failover(functools.partial(rt.js.key_value, subjects.KV_WORKERS))
-                registry = self.registry = WorkerRegistry(rt.js, kv_workers)
+                self.kv_traj = await open_kv(rt.js, subjects.KV_TRAJ)
+                self.kv_jobs = await open_kv(rt.js, subjects.KV_JOBS)
+                registry = self.registry = WorkerRegistry(rt.js, await open_kv(rt.js, subjects.KV_WORKERS))
                 await through_failover(registry.start)
                 self.workers = await through_failover(registry.live)
                 await self._subscribe(rt)

@@ -8,9 +8,8 @@ from __future__ import annotations
 class Breaker:
     def __init__(self, first: int) -> None:
         self.first = first  # how many trajectories to finish decide; 0: never
-        self.causes: list[
-            str | None
-        ] = []  # of each of the first, the cause it failed with (None: it did not)
+        # Of each of the first, the cause it failed with (None: it did not).
+        self.causes: list[str | None] = []
 
     def see(self, status: str, cause: str) -> str | None:
         """One trajectory finished (in the order they finish): the cause, once the first ``first`` all failed

@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError
 
 from loom.policies.placement import RoundRobinPlacement
 from loom.protocol import (
@@ -36,7 +35,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime import results
-from loom.runtime.bus import kv_key, kv_keys, through_failover
+from loom.runtime.bus import kv_key, kv_values, open_kv, through_failover
 from loom.runtime.service import Runtime
 from loom.runtime.workers import WorkerInfo, read_workers
 from services.scheduler.breaker import Breaker
@@ -97,28 +96,22 @@ class JobManager:
     async def start(self) -> None:
         # A standby takes over when a nats-server died as often as not (the lease's stream lost its leader too):
         # what it reads to take over is read again through the elections.
-        self.kv_jobs = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_JOBS))
-        self.kv_traj = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_TRAJ))
+        self.kv_jobs = await open_kv(self.rt.js, subjects.KV_JOBS)
+        self.kv_traj = await open_kv(self.rt.js, subjects.KV_TRAJ)
         await self._reload()
         await self.rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self._on_traj_done)
         # A cancel, wherever it comes from, ends the job's record as cancelled (not "running" for ever).
         await self.rt.subscribe(subjects.CONTROL_CANCEL, CancelJob, self._on_cancel)
 
     async def _reload(self) -> None:
-        keys = await through_failover(functools.partial(kv_keys, self.rt.js, subjects.KV_JOBS))
-        for k in keys:
-            try:
-                entry = await through_failover(functools.partial(self.kv_jobs.get, k))
-            except KeyNotFoundError:
-                continue
-            if entry.value:
-                job = decode(entry.value, Job)
-                if job.kind == "stream":
-                    continue  # the stream manager's
-                self.jobs[job.id] = job
-                if job.state not in TERMINAL_JOB_STATES:
-                    self.done[job.id] = {}
-                    self.breakers[job.id] = _breaker(job)
+        for value in await kv_values(self.rt.js, self.kv_jobs, subjects.KV_JOBS):
+            job = decode(value, Job)
+            if job.kind == "stream":
+                continue  # the stream manager's
+            self.jobs[job.id] = job
+            if job.state not in TERMINAL_JOB_STATES:
+                self.done[job.id] = {}
+                self.breakers[job.id] = _breaker(job)
         # In the order they were stored, as the breaker first saw them: one that trips here (its job's end
         # was not saved before the last scheduler died) ends its job now.
         tripped: dict[str, str] = {}

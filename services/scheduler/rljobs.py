@@ -10,14 +10,12 @@ next rollout starts on the freed GPUs. Registrations are kept in KV and replayed
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError
 
 from loom.policies.rollmux.cluster import ClusterSpec
 from loom.policies.rollmux.intergroup import CoScheduler, RollMux
@@ -38,7 +36,7 @@ from loom.protocol import (
     encode,
     subjects,
 )
-from loom.runtime.bus import kv_keys, through_failover
+from loom.runtime.bus import kv_values, open_kv
 from loom.runtime.service import Runtime
 
 log = logging.getLogger(__name__)
@@ -63,16 +61,8 @@ class RLJobManager:
 
     async def start(self) -> None:
         # Read through the elections a standby may take over during (``jobs.JobManager.start``).
-        self.kv = await through_failover(functools.partial(self.rt.js.key_value, subjects.KV_RLJOBS))
-        keys = await through_failover(functools.partial(kv_keys, self.rt.js, subjects.KV_RLJOBS))
-        records = []
-        for k in keys:
-            try:
-                entry = await through_failover(functools.partial(self.kv.get, k))
-            except KeyNotFoundError:
-                continue
-            if entry.value:
-                records.append(decode(entry.value, RLJobRecord))
+        self.kv = await open_kv(self.rt.js, subjects.KV_RLJOBS)
+        records = [decode(v, RLJobRecord) for v in await kv_values(self.rt.js, self.kv, subjects.KV_RLJOBS)]
         for r in sorted(records, key=lambda r: r.created_at):
             self._place(r.spec, r.created_at)
         if records:

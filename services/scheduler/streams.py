@@ -54,7 +54,7 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime import results
-from loom.runtime.bus import kv_keys, request, through_failover
+from loom.runtime.bus import kv_values, open_kv, request, through_failover
 from loom.runtime.service import Runtime
 from loom.runtime.workers import FLEET_MEMBER_S, read_workers
 from services.scheduler.settings import SchedulerSettings
@@ -107,17 +107,13 @@ class StreamManager:
     async def start(self) -> None:
         # Read through the elections a standby may take over during (``jobs.JobManager.start``).
         js = self.rt.js
-        self.kv = await through_failover(functools.partial(js.key_value, subjects.KV_STREAMS))
-        self.kv_jobs = await through_failover(functools.partial(js.key_value, subjects.KV_JOBS))
-        self.kv_groups = await through_failover(functools.partial(js.key_value, subjects.KV_GROUPS))
-        self.kv_weights = await through_failover(functools.partial(js.key_value, subjects.KV_WEIGHTS))
-        keys = await through_failover(functools.partial(kv_keys, js, subjects.KV_STREAMS))
-        for k in keys:
-            with contextlib.suppress(KeyNotFoundError):
-                entry = await through_failover(functools.partial(self.kv.get, k))
-                if entry.value:
-                    st = decode(entry.value, Stream)
-                    self.streams[st.id] = st
+        self.kv = await open_kv(js, subjects.KV_STREAMS)
+        self.kv_jobs = await open_kv(js, subjects.KV_JOBS)
+        self.kv_groups = await open_kv(js, subjects.KV_GROUPS)
+        self.kv_weights = await open_kv(js, subjects.KV_WEIGHTS)
+        for value in await kv_values(js, self.kv, subjects.KV_STREAMS):
+            st = decode(value, Stream)
+            self.streams[st.id] = st
         for st in list(self.streams.values()):
             if st.state == "running":
                 await self._load_tasks(st)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import BadRequestError, KeyNotFoundError, NoStreamResponseError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from loom.protocol import DecodeError, ErrorReply, decode, encode, subjects
@@ -317,3 +318,23 @@ async def kv_keys(js: JetStreamContext, bucket: str) -> list[str]:
     prefix = f"$KV.{bucket}."
     info = await js.stream_info(f"KV_{bucket}", subjects_filter=prefix + ">")
     return [s[len(prefix) :] for s in info.state.subjects or {}]
+
+
+async def open_kv(js: JetStreamContext, bucket: str) -> KeyValue:
+    """An existing bucket, opened through the streams' elections (a service taking over while a nats-server
+    died opens its buckets then)."""
+    return await through_failover(functools.partial(js.key_value, bucket))
+
+
+async def kv_values(js: JetStreamContext, kv: KeyValue, bucket: str) -> list[bytes]:
+    """The value of every entry of ``kv`` (the bucket named ``bucket``), read through the streams' elections;
+    deleted and empty entries are left out. What a service reloads its records from."""
+    out = []
+    for k in await through_failover(functools.partial(kv_keys, js, bucket)):
+        try:
+            entry = await through_failover(functools.partial(kv.get, k))
+        except KeyNotFoundError:
+            continue
+        if entry.value:
+            out.append(entry.value)
+    return out
