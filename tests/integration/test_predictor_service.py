@@ -62,6 +62,20 @@ def test_onnx_matches_torch(trained: Path) -> None:
     assert np.allclose(ort_out, np.maximum(ref, 0), rtol=1e-3)
 
 
+def test_a_model_whose_combiner_is_of_an_older_format_still_serves(trained: Path, tmp_path: Path) -> None:
+    from loom.predict.onnx_model import OnnxRegressor, meta_path, query
+
+    old = tmp_path / "model.onnx"
+    old.write_bytes((trained / "model.onnx").read_bytes())
+    meta = json.loads(meta_path(trained / "model.onnx").read_text())
+    meta["combiner"] = {**meta["combiner"], "format": 2}
+    meta_path(old).write_text(json.dumps(meta))
+    model = OnnxRegressor(old)
+    assert model.combiner is None and OnnxRegressor(trained / "model.onnx").combiner is not None
+    q = [query("fix the parser", ["ls\n"], 1, 30, 400)]
+    assert np.allclose(model.remaining(q), OnnxRegressor(trained / "model.onnx").remaining(q))
+
+
 async def _next(sub: Any, wait_s: float = 5) -> PriorityUpdate:
     return decode((await sub.next_msg(timeout=wait_s)).data, PriorityUpdate)
 

@@ -4,6 +4,7 @@ folds can see, and that it survives a round trip through its JSON."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -37,7 +38,7 @@ def test_features_read_history_siblings_and_pace() -> None:
     assert f["pace"] == pytest.approx(math.log(200) - (math.log(50) + math.log(200)) / 2)
     assert combine.pattern(f) == ("text", "history", "finished", "pace")
     bare = combine.features(Known(step=0, generated=0.0, prompt_len=50.0))
-    assert combine.pattern(bare) == () and set(bare) == set(combine.BASE)
+    assert combine.pattern(bare) == () and set(bare) == {*combine.BASE, "log_done"}
 
 
 def _rows(n_prompts: int, seed: int, informative: str, workload: str = "") -> list[Row]:
@@ -123,6 +124,35 @@ def test_every_estimate_exceeds_what_was_generated_and_survives_json(
 _FITTED = combine.fit(_rows(40, 2, "previous_mean"))
 
 
+def test_a_heuristic_regime_ranks_a_mixed_batch_as_the_heuristic() -> None:
+    """A batch mixes cells (here half its trajectories have a finished sibling, of no meaning): where history
+    tells, one regression on the previous mean ranks the whole batch, exactly as the heuristic does."""
+    rng = random.Random(11)
+    rows = []
+    for r in _rows(160, 6, "previous_mean"):
+        finished = (rng.uniform(100, 10_000),) if rng.random() < 0.5 else ()
+        rows.append(
+            dataclasses.replace(r, known=dataclasses.replace(r.known, model_total=None, finished=finished))
+        )
+    model = combine.fit(rows)
+    assert model.chosen["history@0"] == "previous_mean", model.chosen
+    test = rows[:64]
+    served = [model.total(r.known) for r in test]
+    mean = [float(np.mean(np.log(r.known.history))) for r in test]
+    assert kendall_tau_b(served, mean) == pytest.approx(1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=8))
+def test_the_sign_flip_p_is_the_share_of_flips_as_good(gain: list[float]) -> None:
+    g = np.array(gain)
+    flips = [np.array(s) for s in itertools.product((-1, 1), repeat=len(g))]
+    brute = sum(float((s * g).mean()) >= g.mean() - 1e-12 for s in flips) / len(flips)
+    p = combine._sign_flip_p(g, 0)
+    assert p == pytest.approx(brute)
+    assert 1 / 2 ** len(g) <= p <= 1
+
+
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="format"):
         combine.Combiner.from_json({"format": 99, "cells": {}, "chosen": {}})
@@ -138,7 +168,7 @@ def test_each_workload_with_enough_prompts_gets_its_own_and_others_the_pooled() 
     for name in ("lengthy", "historic"):
         own = dataclasses.replace(k, workload=name)
         assert model.total(own) == model.workloads[name].total(own)
-    pooled = combine.Combiner(model.cells, model.chosen, model.fallback)
+    pooled = combine.Combiner(model.cells, model.chosen, model.fallback, model.regimes)
     assert model.total(dataclasses.replace(k, workload="unseen")) == pooled.total(k)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +105,19 @@ def test_cross_fitted_predictions_cover_every_step_are_cached_and_drive_a_rollou
         w, PolicySpec(preset="heddle").resolved(), Cluster(gpus=4, model="qwen3-8b"), "learned", learned=got
     )
     assert r.output_tokens == sum(t.output_tokens for t in w.trajectories)
+
+
+def test_a_batch_is_ranked_by_one_combiner_and_every_fold_trains_on_every_set() -> None:
+    """The combiner folds deal whole batches round the folds (a batch mixing combiners is ranked by
+    estimates that differ by more than their order); a set with fewer batches than folds deals its prompts."""
+    budget = learned.Budget(folds=3)
+    prompts = {"search": 40, "tool_use": 8}
+    fold = served.combiner_folds(budget, prompts)
+    for name, w in served.row_workloads(prompts, budget.seed).items():
+        keys = [served.prompt_key(s[0]) for s in w.by_prompt().values()]
+        batches = [keys[i : i + served.BATCH_PROMPTS] for i in range(0, len(keys), served.BATCH_PROMPTS)]
+        if name == "search":  # five batches over three folds: each whole, every fold holds one or two
+            assert all(len({fold[k] for k in b}) == 1 for b in batches)
+            assert sorted(Counter(fold[b[0]] for b in batches).values()) == [1, 2, 2]
+        else:  # one batch: its prompts dealt one by one
+            assert set(fold[k] for k in keys) == {0, 1, 2}

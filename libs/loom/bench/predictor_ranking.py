@@ -36,8 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loom.bench.harness.learned import Budget, cross_fitted, fold_of
-from loom.bench.harness.served import BATCH_PROMPTS, fold_combiners, known_at, prompt_key, training_rows
+from loom.bench.harness.learned import Budget, cross_fitted
+from loom.bench.harness.served import (
+    BATCH_PROMPTS,
+    combiner_folds,
+    fold_combiners,
+    known_at,
+    prompt_key,
+    training_rows,
+)
 from loom.predict import combine, evaluate
 from loom.predict.combine import Known
 from loom.predict.evaluate import kendall_tau_b
@@ -81,13 +88,12 @@ def cross_fitted_served(
     prompts: Mapping[str, int | None],
     steps: Sequence[int] = STEPS,
 ) -> dict[str, dict[int, dict[str, float]]]:
-    """workload -> step -> id -> the served total, each prompt's by the combiner of its fold (fitted on
-    the rows of every other fold's prompts, of all the workloads)."""
+    """workload -> step -> id -> the served total, each prompt's by the combiner of its batch's fold (fitted
+    on the rows of every other fold's prompts, of all the workloads)."""
     models = fold_combiners(budget, prompts)
+    fold = combiner_folds(budget, prompts)
     return {
-        name: _served(
-            w, learned[name], steps, lambda t: models[fold_of(prompt_key(t), budget.folds, budget.seed)]
-        )
+        name: _served(w, learned[name], steps, lambda t: models[fold[prompt_key(t)]])
         for name, w in workloads.items()
     }
 

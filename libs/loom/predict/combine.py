@@ -15,15 +15,19 @@ Loom's own ``loom bench predictor`` measured it). The combiner takes them all as
 - ``pace``: tokens per call so far against the running siblings' (log ratio), once a call is done.
 
 A ridge regression of the log total on them is fitted per *cell*: the pattern of what is available (a trace
-of lengths has no text, a first epoch no history, a first call no pace) and a range of steps. Beside it,
-each cell has one candidate per heuristic available in it: a regression on that heuristic's feature alone,
-which ranks exactly as the heuristic does. Inner folds (by prompt) of the training data measure every
-candidate's Kendall tau within batches; the full model serves a cell only if it beats the best heuristic in
-``CONFIDENCE`` of bootstrap resamples of the batches, else that heuristic serves: where the features add
-nothing on the inner folds, the cell ranks as its best heuristic. A workload with enough prompts gets cells
-of its own; the pooled cells, which serve every other workload, choose their candidate leaving one workload
-out at a time, for the least it loses to that workload's best heuristic. (Measured in ``loom bench
-predictor``'s ``held_out``: from two workloads, that choice still loses to a third's best heuristic in places.)
+of lengths has no text, a first epoch no history, a first call no pace, a group none finished) and a range of
+steps. Which serves is chosen per *regime*: what a whole batch has or lacks alike (text, history) and the step
+range, since a batch mixes cells (some of its trajectories have a finished sibling, others not) and is ranked
+as a whole. A regime's candidates are the combined model (each trajectory by its cell's regression) and each
+heuristic available in it (a regression on the heuristic's score alone, which ranks as the heuristic does).
+Inner folds (by prompt) of the training data give every candidate's estimates on prompts it never saw, and
+Kendall's tau within the training batches, each ranked whole; the combined model serves a regime only if it
+beats the best heuristic by a paired sign-flip test over the batches (level ``1 - CONFIDENCE``), else that
+heuristic serves: where the features add nothing on the inner folds, the regime ranks as its best heuristic.
+A workload with enough prompts gets regimes of its own; the pooled ones, which serve every other workload,
+choose their candidate leaving one workload out at a time, for the least it loses to that workload's best
+heuristic. (Measured in ``loom bench predictor``'s ``held_out``: from two workloads, that choice still loses to
+a third's best heuristic in places.)
 
 The estimate is the log-normal median given that the total exceeds what was generated
 (``loom.predict.blend.survived_median``), with the cell's own residual spread.
@@ -44,24 +48,30 @@ import numpy as np
 from loom.predict.blend import survived_median
 from loom.predict.evaluate import kendall_tau_b, log_error_sd, log_slope
 
-# Step ranges with a model each: admission, the first calls, the early middle, the rest.
-STEP_BUCKETS = (0, 1, 3, 6)
+# Step ranges with a model each: admission, each of the first three calls (the heuristics' order changes call
+# by call there: a search group's first sibling finishes at its third to fifth), then wider ranges.
+STEP_BUCKETS = (0, 1, 2, 3, 5, 8, 12)
 INNER_FOLDS = 4
 CONFIDENCE = 0.9
 RIDGE = 1.0
 BOOTSTRAP = 1000
-FORMAT = 2
+# Up to this many batches the sign-flip test enumerates every flip.
+EXACT_FLIPS = 12
+FORMAT = 3
 # A workload's own combiner needs this many prompts among its rows; fewer, and the pooled one serves it.
 MIN_WORKLOAD_PROMPTS = 24
 
 GROUPS = ("text", "history", "finished", "pace")
-# Heuristic candidates: name -> (the group it needs, or None, and its feature).
+# The groups a whole batch has or lacks alike (a job's trace has text or not; its epoch has history or not).
+REGIME_GROUPS = ("text", "history")
+# Heuristic candidates: name -> (the regime group it needs, or None, and its feature). The first sibling is
+# a candidate in every regime: where none has finished it ranks by what was generated (``heuristic``).
 HEURISTICS: dict[str, tuple[str | None, str]] = {
     "prompt_length": (None, "log_prompt"),
     "learned": ("text", "log_model"),
     "previous_epoch": ("history", "hist_last"),
     "previous_mean": ("history", "hist_mean"),
-    "first_sibling": ("finished", "fin_first"),
+    "first_sibling": (None, "fin_first"),
 }
 BASE = ("log_prompt", "log_generated", "log_step")
 FEATURES = {
@@ -107,6 +117,7 @@ def features(k: Known) -> dict[str, float]:
         "log_prompt": _log(k.prompt_len),
         "log_generated": math.log1p(max(k.generated, 0.0)),
         "log_step": math.log1p(k.step),
+        "log_done": _log(k.generated),
     }
     if k.model_total is not None:
         out["log_model"] = _log(k.model_total)
@@ -214,14 +225,17 @@ class Row:
 
 @dataclass
 class Combiner:
-    """A model per cell, each either the full regression or one heuristic's (``chosen``); and, for each
-    workload it had enough prompts of, a combiner of that workload's own (how much history, pace or text
-    tells differs between workloads: one search prompt's trials mostly repeat, tool use's vary). A request
-    of another workload, or of none named, is served by the one fitted on every workload."""
+    """A regression per cell, and per regime the choice (``chosen``) of the combined cells or one heuristic's
+    regression (``regimes``); and, for each workload it had enough prompts of, a combiner of that workload's
+    own (how much history, pace or text tells differs between workloads: one search prompt's trials mostly
+    repeat, tool use's vary). A request of another workload, or of none named, is served by the one fitted on
+    every workload."""
 
     cells: dict[str, Linear] = field(default_factory=dict)
     chosen: dict[str, str] = field(default_factory=dict)
     fallback: Linear | None = None
+    # The regimes (``regime`` and a step range) a heuristic serves: its regression on the heuristic's score.
+    regimes: dict[str, Linear] = field(default_factory=dict)
     workloads: dict[str, Combiner] = field(default_factory=dict)
     # Its error at admission on prompts it never saw (log sd) and how much of its ranking within a workload
     # is real (slope), per workload and for any other ("*"): what placement may trust it to (``admission_fit``).
@@ -239,8 +253,12 @@ class Combiner:
         own = self.workloads.get(workload)
         if own is not None:
             return own._centre(workload, step, feats)
-        key = _key(pattern(feats), bucket(step))
-        model = self.cells.get(key)
+        b = bucket(step)
+        chosen = self.regimes.get(_key(regime(feats), b))
+        if chosen is not None:
+            name = chosen.columns[0].removeprefix("h_")
+            return chosen.centre_of({chosen.columns[0]: heuristic(name, feats)}), chosen.sd
+        model = self.cells.get(_key(pattern(feats), b))
         if model is None:  # a cell no training row fell in: the nearest with fewer groups
             model = self._nearest(feats, step)
         return model.centre_of(feats), model.sd
@@ -271,6 +289,7 @@ class Combiner:
             "cells": {k: m.to_json() for k, m in self.cells.items()},
             "chosen": self.chosen,
             "fallback": None if self.fallback is None else self.fallback.to_json(),
+            "regimes": {k: m.to_json() for k, m in self.regimes.items()},
             "workloads": {w: c.to_json() for w, c in self.workloads.items()},
             "admission": {w: list(v) for w, v in self.admission.items()},
         }
@@ -288,6 +307,7 @@ class Combiner:
             {k: linear(v) for k, v in data["cells"].items()},
             dict(data["chosen"]),
             None if fb is None else linear(fb),
+            {k: linear(v) for k, v in data["regimes"].items()},
             {w: cls.from_json(c) for w, c in data.get("workloads", {}).items()},
             {w: (float(v[0]), float(v[1])) for w, v in data.get("admission", {}).items()},
         )
@@ -347,13 +367,33 @@ def fit(rows: Sequence[Row], seed: int = 0) -> Combiner:
     return out
 
 
+def regime(feats: dict[str, float]) -> tuple[str, ...]:
+    """What a whole batch knows alike: whether there is text (a trace of lengths has none) and history (a
+    first epoch has none). Siblings and pace vary within a batch, so a batch mixes cells of one regime."""
+    return tuple(g for g in REGIME_GROUPS if FEATURES[g][0] in feats)
+
+
+def heuristic(name: str, feats: dict[str, float]) -> float:
+    """Heuristic ``name``'s log estimate, as a rollout system without a model would rank by it: its feature
+    but never below what was generated; what was generated where it has nothing (no sibling finished yet)."""
+    col = HEURISTICS[name][1]
+    if col == "log_prompt":
+        return feats[col]
+    done = feats["log_done"]
+    return max(feats[col], done) if col in feats else done
+
+
 def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Combiner:
     rows = augmented(rows)
-    cells: dict[str, list[int]] = {}
     feats = [features(r.known) for r in rows]
+    cells: dict[str, list[int]] = {}
+    regimes: dict[str, list[int]] = {}
     for i, (r, f) in enumerate(zip(rows, feats, strict=True)):
-        cells.setdefault(_key(pattern(f), bucket(r.known.step)), []).append(i)
+        b = bucket(r.known.step)
+        cells.setdefault(_key(pattern(f), b), []).append(i)
+        regimes.setdefault(_key(regime(f), b), []).append(i)
     y = np.array([math.log(max(r.total, 1.0)) for r in rows])
+    gen = np.array([r.known.generated for r in rows])
     if by_workload:
         names = sorted({r.known.workload for r in rows})
         folds = np.array([names.index(r.known.workload) for r in rows])
@@ -361,36 +401,72 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
         folds = np.array([zlib.crc32(f"inner:{seed}:{r.prompt}".encode()) % INNER_FOLDS for r in rows])
     out = Combiner()
     for key, idx in sorted(cells.items()):
-        p, _ = _parse(key)
-        candidates = {"combined": _columns(p)}
-        for name, (group, col) in HEURISTICS.items():
-            if group is None or group in p:
-                candidates[name] = (col,)
+        cols = _columns(_parse(key)[0])
+        out.cells[key] = fit_linear(_matrix(feats, idx, cols), y[idx], cols)
+    for key, idx in sorted(regimes.items()):
         ix = np.array(idx)
-        x_of = {n: np.array([[feats[i][c] for c in cols] for i in idx]) for n, cols in candidates.items()}
-        oof = {n: np.zeros(len(idx)) for n in candidates}
+        have = set(_parse(key)[0])
+        candidates = ["combined"] + [n for n, (g, _) in HEURISTICS.items() if g is None or g in have]
+        oof = {n: np.zeros(len(ix)) for n in candidates}
         for inner in range(int(folds.max()) + 1):
             test = folds[ix] == inner
             if not test.any() or test.all():
                 continue
-            for n, x in x_of.items():
-                m = fit_linear(x[~test], y[ix][~test], candidates[n])
-                gen = np.array([rows[i].known.generated for i in ix[test]])
-                oof[n][test] = [
-                    math.log(survived_median(_clip(float(c)), m.sd, g))
-                    for c, g in zip(
-                        m.intercept + (x[test] - np.array(m.centre)) @ np.array(m.weights), gen, strict=True
-                    )
-                ]
+            train_ix, test_ix = ix[~test], ix[test]
+            for n in candidates:
+                oof[n][test] = _predict_oof(n, feats, y, gen, train_ix, test_ix)
         batches = [rows[i].batch for i in idx]
         if by_workload:
             name = _least_regret(oof, y[ix], batches, [rows[i].known.workload for i in idx])
         else:
             name = _choose(oof, y[ix], batches, seed)
-        out.cells[key] = fit_linear(x_of[name], y[ix], candidates[name])
         out.chosen[key] = name
+        if name != "combined":
+            h = np.array([[heuristic(name, feats[i])] for i in idx])
+            out.regimes[key] = fit_linear(h, y[ix], (f"h_{name}",))
     out.fallback = fit_linear(np.array([[f[c] for c in BASE] for f in feats]), y, BASE)
     return out
+
+
+def _matrix(feats: Sequence[dict[str, float]], idx: Iterable[int], columns: Sequence[str]) -> np.ndarray:
+    return np.array([[feats[i][c] for c in columns] for i in idx])
+
+
+def _predict_oof(
+    name: str,
+    feats: Sequence[dict[str, float]],
+    y: np.ndarray,
+    gen: np.ndarray,
+    train_ix: np.ndarray,
+    test_ix: np.ndarray,
+) -> list[float]:
+    """Log estimates for ``test_ix`` by candidate ``name`` fitted on ``train_ix`` (one regime's rows): a
+    heuristic's regression on its score, or the combined model of each row's own cell (the regime's base
+    model where the training rows hold none of that cell)."""
+    centres, sds = np.zeros(len(test_ix)), np.ones(len(test_ix))
+    if name != "combined":
+        m = fit_linear(np.array([[heuristic(name, feats[i])] for i in train_ix]), y[train_ix], ("h",))
+        x = np.array([[heuristic(name, feats[i])] for i in test_ix])
+        centres[:] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
+        sds[:] = m.sd
+    else:
+        by_cell: dict[tuple[str, ...], list[int]] = {}
+        for j, i in enumerate(test_ix):
+            by_cell.setdefault(pattern(feats[i]), []).append(j)
+        train_cells: dict[tuple[str, ...], list[int]] = {}
+        for i in train_ix:
+            train_cells.setdefault(pattern(feats[i]), []).append(int(i))
+        for p, js in by_cell.items():
+            cols = _columns(p) if len(train_cells.get(p, ())) >= 2 else BASE
+            fit_on = train_cells[p] if cols != BASE else [int(i) for i in train_ix]
+            m = fit_linear(_matrix(feats, fit_on, cols), y[fit_on], cols)
+            x = _matrix(feats, [int(test_ix[j]) for j in js], cols)
+            centres[js] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
+            sds[js] = m.sd
+    return [
+        math.log(survived_median(_clip(float(c)), float(s), g))
+        for c, s, g in zip(centres, sds, gen[test_ix], strict=True)
+    ]
 
 
 def _batch_taus(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str]) -> dict[str, np.ndarray]:
@@ -424,8 +500,9 @@ def _least_regret(
 
 
 def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], seed: int) -> str:
-    """The combined model if it beats the best heuristic in ``CONFIDENCE`` of bootstrap resamples of the
-    batches (paired); else the best heuristic by mean tau."""
+    """The combined model if it beats the best heuristic by a paired sign-flip test over the batches at level
+    ``1 - CONFIDENCE`` (exact over every flip for a few batches, where a bootstrap of four batches would be
+    sure of anything); else the best heuristic by mean tau."""
     taus = _batch_taus(oof, y, batches)
     if not len(taus["combined"]):
         return "combined"
@@ -434,9 +511,17 @@ def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], s
         return "combined"
     best = max(heuristics, key=lambda n: (heuristics[n].mean(), n))
     gain = taus["combined"] - heuristics[best]
-    rng = np.random.default_rng(seed)
-    means = gain[rng.integers(0, len(gain), (BOOTSTRAP, len(gain)))].mean(axis=1)
-    return "combined" if float(np.mean(means > 0)) >= CONFIDENCE else best
+    return "combined" if gain.mean() > 0 and _sign_flip_p(gain, seed) <= 1 - CONFIDENCE else best
+
+
+def _sign_flip_p(gain: np.ndarray, seed: int) -> float:
+    """One-sided p of a mean gain this large were each batch's gain as likely negative (paired sign flips)."""
+    n = len(gain)
+    if n <= EXACT_FLIPS:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = np.random.default_rng(seed).choice((-1, 1), (BOOTSTRAP, n))
+    return float(np.mean((signs * gain).mean(axis=1) >= gain.mean() - 1e-12))
 
 
 def admission_fit(predicted: Sequence[float], rows: Sequence[Row]) -> dict[str, tuple[float, float]]:

@@ -6,18 +6,22 @@ No torch here: the service needs only onnxruntime, numpy and the tokenizer.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from loom.predict import context
-from loom.predict.combine import Combiner
+from loom.predict.combine import FORMAT, Combiner
 from loom.predict.dataset import Example
 from loom.predict.evaluate import log_error_sd, log_slope
 from loom.text.tokenizer import qwen_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,22 @@ def meta_path(onnx_path: Path) -> Path:
     return onnx_path.with_suffix(".json")
 
 
+def _combiner(data: dict[str, Any] | None, path: Path) -> Combiner | None:
+    """The combiner stored beside the model; one of an older format is left out (logged), so that a model
+    trained before it changed still serves, refined by siblings alone until ``loom predictor train`` refits."""
+    if data is None:
+        return None
+    if data.get("format") != FORMAT:
+        log.warning(
+            "the combiner beside %s is of format %s, this Loom reads %s: serving without it",
+            path,
+            data.get("format"),
+            FORMAT,
+        )
+        return None
+    return Combiner.from_json(data)
+
+
 class OnnxRegressor:
     def __init__(self, path: Path, threads: int = 2) -> None:
         meta = json.loads(meta_path(path).read_text())
@@ -50,7 +70,7 @@ class OnnxRegressor:
         self.admission_log_sd: float | None = meta.get("admission_log_sd")
         self.admission_slope: float = float(meta.get("admission_slope", 1.0))
         # What the service serves on top of it (``loom.predict.combine``), fitted on held-out prompts.
-        self.combiner = Combiner.from_json(meta["combiner"]) if "combiner" in meta else None
+        self.combiner = _combiner(meta.get("combiner"), path)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

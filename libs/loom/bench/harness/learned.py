@@ -17,6 +17,7 @@ workload's trajectories), so a benchmark pays for training once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -24,7 +25,7 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,10 +195,17 @@ class Learned:
     admission_log_sd: float
     admission_slope: float = 1.0  # how much of a difference between two of them is real
     # What the predictor serves on top of the text model (``loom.bench.harness.served``): a combiner per
-    # fold, each trajectory served by its prompt's fold's. Empty: the text model alone.
+    # fold, each trajectory served by its prompt's combiner fold's (``combiner_fold``, else the prompt's own
+    # fold). Empty: the text model alone.
     combiners: tuple[Any, ...] = ()
     folds: int = FOLDS
     seed: int = 0
+    combiner_fold: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def combiner(self, prompt: str) -> Any:
+        """The combiner that never saw ``prompt`` (a prompt key)."""
+        fold = self.combiner_fold.get(prompt)
+        return self.combiners[fold_of(prompt, self.folds, self.seed) if fold is None else fold]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 from loom.bench.harness import served as served_predictor
 from loom.bench.harness.bounds import lower_bound_terms
 from loom.bench.harness.cluster import Cluster, allocate, tool_time
-from loom.bench.harness.learned import Budget, Learned, fold_of
+from loom.bench.harness.learned import Budget, Learned
 from loom.bench.harness.served import prompt_key
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.model.perf import PerfModel
@@ -62,7 +62,7 @@ class _Predictor:
         # The service combines the model's estimates with the group's finished and running samples
         # (``loom.predict.combine``); without combiners, it refines them by the finished samples alone.
         self.combiners = learned.combiners if learned and kind == "learned" else ()
-        self.folds, self.seed = (learned.folds, learned.seed) if learned else (0, 0)
+        self.served = learned if self.combiners else None
         self.blend = SiblingBlend(learned.admission_log_sd) if learned and not self.combiners else None
         self.finished_totals: dict[str, list[float]] = {}  # prompt -> its samples' totals, as they finish
         self.progress: dict[str, dict[str, tuple[int, float]]] = {}  # prompt -> running id -> (calls, tokens)
@@ -74,9 +74,8 @@ class _Predictor:
         """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
         if self.kind == "oracle":
             return float(t.output_tokens)
-        if self.combiners:
-            known = self.known(t, generated, calls)
-            return self.combiners[fold_of(prompt_key(t), self.folds, self.seed)].total(known)
+        if self.served is not None:
+            return self.served.combiner(prompt_key(t)).total(self.known(t, generated, calls))
         if self.blend is not None:
             model = float(self.learned[t.id][min(calls, len(t.steps) - 1)])
             return self.blend.total(t.prompt, model, generated)

@@ -39,7 +39,7 @@ QUICK_ROW_PROMPTS: dict[str, int | None] = {"coding": 4, "search": 12, "tool_use
 # Where rows are taken: the early steps each, then sparser (coding runs to a hundred calls).
 ROW_STEPS = (0, 1, 2, 3, 5, 8, 12, 20, 30, 50)
 BATCH_PROMPTS = 8
-VERSION = 4
+VERSION = 5
 
 
 def row_workloads(prompts: Mapping[str, int | None], seed: int) -> dict[str, Workload]:
@@ -108,18 +108,42 @@ def training_rows(
     return out
 
 
+def combiner_folds(budget: Budget, prompts: Mapping[str, int | None]) -> dict[str, int]:
+    """prompt key -> its combiner's fold: its batch's (``BATCH_PROMPTS`` consecutive prompts of a trace set),
+    so that a batch is ranked by one combiner that never saw its prompts, as one served model ranks a batch
+    (by each prompt's own fold, a batch mixed five combiners, whose estimates of two prompts differ by more
+    than their ranking). A trace set's batches are dealt round the folds, so each fold's combiner trains on
+    some of every set; one with fewer batches than folds deals its prompts instead."""
+    out = {}
+    for name, w in row_workloads(prompts, budget.seed).items():
+        keys = [prompt_key(samples[0]) for samples in w.by_prompt().values()]
+        start = fold_of(name, budget.folds, budget.seed)
+        per_batch = -(-len(keys) // BATCH_PROMPTS) >= budget.folds
+        for i, key in enumerate(keys):
+            out[key] = (
+                (start + i // BATCH_PROMPTS) % budget.folds
+                if per_batch
+                else fold_of(key, budget.folds, budget.seed)
+            )
+    return out
+
+
 def fold_combiners(
     budget: Budget, prompts: Mapping[str, int | None], log: Callable[[str], None] | None = None
 ) -> list[combine.Combiner]:
-    """Fold f's combiner, fitted on the rows of the prompts outside fold f; cached beside the fold models."""
+    """Fold f's combiner, fitted on the rows of the prompts outside combiner fold f (``combiner_folds``);
+    cached beside the fold models."""
     key = hashlib.sha1(f"{VERSION}:{sorted(prompts.items(), key=str)}:{ROW_STEPS}".encode())
-    with open(combine.__file__, "rb") as f:
-        key.update(f.read())
+    # The combiner's code and this module's (which rows, which folds) are in the key: a cached combiner fitted
+    # under other folds would serve prompts it saw.
+    for source in (combine.__file__, __file__):
+        with open(source, "rb") as f:
+            key.update(f.read())
     path = cache_root() / budget.key() / f"combiners-{key.hexdigest()[:16]}.json"
     if path.exists():
         return [combine.Combiner.from_json(d) for d in json.loads(path.read_text())]
     pooled = [r for rs in training_rows(budget, prompts, log).values() for r in rs]
-    fold = {r.prompt: fold_of(r.prompt, budget.folds, budget.seed) for r in pooled}
+    fold = combiner_folds(budget, prompts)
     models = [
         combine.fit([r for r in pooled if fold[r.prompt] != f], budget.seed) for f in range(budget.folds)
     ]
@@ -152,6 +176,7 @@ def served(
         combiners=models,
         folds=budget.folds,
         seed=budget.seed,
+        combiner_fold=combiner_folds(budget, prompts),
     )
 
 
