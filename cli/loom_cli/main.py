@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from loom.engine import kinds as engine_kinds
 from loom.envs.adapters import gem
 from loom.runtime import lifecycle
 from loom.runtime.natsserver import refusals
-from loom_cli import bench, images, learned_predictor, predictor, simserver, train_args
+from loom_cli import bench, images, learned_predictor, plan, predictor, simserver, trace, train_args
 from loom_cli.client import ApiError, LoomClient
 from loom_cli.deploy import (
     DeployConfig,
@@ -122,9 +123,12 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     client = _api(args)
+    lines: Iterable[bytes] = client.trajectories(args.job)
+    if args.format == "trace":
+        lines = trace.results_as_trace(lines)
     out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in client.trajectories(args.job):
+        for line in lines:
             out.write(line + b"\n")
     finally:
         if args.out:
@@ -209,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("results", help="a job's scored trajectories as NDJSON")
     r.add_argument("job")
     r.add_argument("-o", "--out", help="write to this file instead of stdout")
+    r.add_argument(
+        "--format",
+        choices=("loom", "trace"),
+        default="loom",
+        help="loom: the stored trajectories; trace: the rollout-trace schema (replay with bench --workload)",
+    )
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("job")
     j = sub.add_parser("job", help="a job's status")
@@ -218,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     simserver.register(sub)
     predictor.add_parser(sub)
     images.add_parser(sub)
+    trace.add_parser(sub)
+    plan.add_parser(sub)
     train_args.add_parser(sub)
 
     d = sub.add_parser("demo", help="run a replayed demo job end to end and print a summary")
@@ -264,6 +276,10 @@ def main(argv: list[str] | None = None) -> None:
             rc = predictor.run(args)
         elif args.cmd == "images":
             rc = images.run(args)
+        elif args.cmd == "trace":
+            rc = args.func(args)
+        elif args.cmd == "plan":
+            rc = plan.run(args)
         elif args.cmd == "train":
             from loom_cli.train import run as train
 

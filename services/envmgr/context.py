@@ -108,6 +108,8 @@ class ModelCall:
             prompt_ids=prompt_ids,
             output_ids=output_ids,
             output_logprobs=self.res.output_logprobs,
+            finish_reason=self.res.finish_reason,
+            cached_tokens=self.res.cached_tokens,
             weight_version=self.res.weight_version,
             rebased=rebased,
         )

@@ -286,3 +286,40 @@ def test_bench_affinity_compares_three_rollout_configurations(tmp_path: Path) ->
     assert chosen["affinity"]["coding"] == "h800" and chosen["why"][0].startswith(
         "coding sets the step's tail"
     )
+
+
+def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) -> None:
+    """`loom plan` on a rollout-trace file: the layout, every system at the size asked and around it, where the
+    workload saturates, a plot; its figures at that size are `loom bench rollout`'s on the same cluster."""
+    trace = tmp_path / "search.jsonl.gz"
+    r = subprocess.run(
+        [LOOM, "trace", "export", "search", "--prompts", "16", "--out", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    common = ["--workload", str(trace), "--predictor", "history", "--gpus", "16"]
+    r = subprocess.run(
+        [LOOM, "plan", *common, "--out", str(tmp_path / "plots"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = json.loads(r.stdout.strip().splitlines()[-1])
+    assert plan["sweep"]["gpus"] == [8, 16, 32] and set(plan["systems"]) == {
+        "heddle",
+        "verl",
+        "verl_star",
+        "slime",
+    }
+    assert sum(int(d) * n for d, n in plan["layout"]["degrees"].items()) <= 16
+    assert plan["saturation_gpus"]["measured"] in plan["sweep"]["gpus"] and plan["critical_path_s"] > 0
+    assert Path(plan["plot"]).stat().st_size > 10_000
+    bench = _bench("rollout", *common)
+    assert {s: f["makespan_s"] for s, f in plan["systems"].items()} == {
+        s: f["makespan_s"] for s, f in bench["policies"].items()
+    }

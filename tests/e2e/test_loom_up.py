@@ -59,6 +59,53 @@ def _assert_exactly_once(up: LoomUp, tmp_path, job_id: str, n: int) -> None:  # 
     assert all(t["status"] == "completed" and t["reward"] in (0.0, 1.0) and t["steps"] for t in trajs)
 
 
+def test_a_jobs_results_replay_as_a_rollout_trace(loom_up: LoomUp, tmp_path: Path) -> None:
+    """A Loom run becomes a replayable workload: `loom results --format trace` writes the schema, `loom trace
+    check` reads it, and `loom bench rollout --workload` replays it, its groups and lengths as recorded."""
+    spec = {"dataset": {"name": "swe-replay", "offset": 30, "limit": 3}, "group_size": 3}
+    job_id = loom_up.submit(tmp_path, spec)
+    assert loom_up.wait_job(job_id)["state"] == "completed"
+    stored = loom_up.results(tmp_path, job_id)
+    path = tmp_path / "run.jsonl"
+    r = loom_up.cli("results", job_id, "--format", "trace", "-o", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 9 and {x["id"] for x in lines} == {t["traj_id"] for t in stored}
+    by_id = {t["traj_id"]: t for t in stored}
+    for x in lines:
+        steps = by_id[x["id"]]["steps"]
+        assert [(t["context_tokens"], t["output_tokens"]) for t in x["turns"]] == [
+            (s["prompt_len"], s["output_len"]) for s in steps
+        ]
+        assert {t["finish_reason"] for t in x["turns"]} <= {"stop", "length"}
+    check = loom_up.cli("trace", "check", str(path))
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["steps"] == {"0": {"trajectories": 9, "groups": 3}}
+    bench = loom_up.cli(
+        "bench",
+        "rollout",
+        "--workload",
+        str(path),
+        "--predictor",
+        "oracle",
+        "--gpus",
+        "8",
+        "--json",
+        timeout=120,
+    )
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    out = json.loads(bench.stdout.strip().splitlines()[-1])
+    assert out["trajectories"] == 9 and out["file"]["groups"] == 3 and out["file"]["turns_without_env_s"] == 0
+    assert out["output_tokens"] == sum(s["output_len"] for t in stored for s in t["steps"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(path.read_text().replace('"output_tokens":', '"output_tokens":-', 1))
+    r = loom_up.cli("bench", "rollout", "--workload", str(bad), "--predictor", "oracle")
+    assert (
+        r.returncode != 0
+        and f"--workload: {bad}:1: Expected `int` >= 0 - at `$.turns[0].output_tokens`" in r.stderr
+    )
+
+
 def test_rest_rejects_bad_input_with_named_fields(loom_up: LoomUp) -> None:
     api = httpx.Client(base_url=loom_up.api, headers=loom_up.auth)
     cases = [

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,11 +21,11 @@ from rich.table import Table
 from loom.bench.harness.cluster import Cluster
 from loom.bench.harness.learned import FOLDS, STEPS_PER_FOLD, Budget, Learned
 from loom.bench.harness.rollout import PREDICTORS, run_rollout
-from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, served
+from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, lengths_only, served
 from loom.bench.registry import Benchmark
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
-from loom.workloads import WORKLOADS, Workload
+from loom.workloads import WORKLOADS, Workload, recorded
 from loom.workloads.coding import SIBLINGS
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
@@ -37,34 +39,12 @@ TOOL_S = {"coding": CODING_TOOL_S, "search": SEARCH_TOOL_S, "tool_use": 0.3}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="coding")
+    add_workload_arguments(p)
     p.add_argument("--model", default="qwen3-14b")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--gpus", type=int, default=64)
     p.add_argument("--policy", default="heddle", help="a preset name or a policy as JSON")
     p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated presets ('' for none)")
-    p.add_argument(
-        "--predictor",
-        choices=PREDICTORS,
-        default="learned",
-        help="Loom's learned model, cross-fitted by prompt (default); oracle, history, none: ablations",
-    )
-    p.add_argument(
-        "--predictor-steps",
-        type=int,
-        default=None,
-        help=f"optimiser steps per fold of the learned predictor (default {STEPS_PER_FOLD}; quick "
-        f"{QUICK_BUDGET.steps_per_fold} with {QUICK_BUDGET.folds} folds); cached under $LOOM_HOME",
-    )
-    p.add_argument(
-        "--siblings",
-        choices=SIBLINGS,
-        default="varied",
-        help="coding: samples of a group vary the recorded run (default) or replay it exactly",
-    )
-    p.add_argument("--prompts", type=int, default=None, help="prompts to take from the traces (default all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--traces", default=None, help="a trace file of the workload's schema")
 
 
 def _policy(text: str) -> PolicySpec:
@@ -84,16 +64,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = {name: _policy(name)}
     for b in filter(None, args.baselines.split(",")):
         runs.setdefault(b, _policy(b))
-    prompts = args.prompts if args.prompts is not None else (12 if args.quick else None)
     gpus = min(args.gpus, 8) if args.quick else args.gpus
-    workload = load_workload(
-        args.workload, prompts, GROUP[args.workload], args.seed, args.traces, args.siblings
-    )
-    learned = None
-    if args.predictor == "learned":
-        budget = learned_budget(args.quick, args.predictor_steps, args.seed)
-        learned = served(workload, budget, QUICK_ROW_PROMPTS if args.quick else ROW_PROMPTS)
-    cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=TOOL_S[args.workload])
+    replay = replay_of(args)
+    workload, learned, predictor, source = replay.workload, replay.learned, replay.predictor, replay.source
+    cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=replay.tool_s)
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
         r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed, learned=learned)
@@ -108,13 +82,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "rollout",
         "workload": args.workload,
+        **source,
         "model": args.model,
         "gpus": gpus,
         "trajectories": len(workload.trajectories),
         "policy": name,
-        "predictor": args.predictor,
+        "predictor": predictor,
         "siblings": args.siblings if args.workload == "coding" else "recorded trials",
-        **({"prediction": prediction_quality(workload, learned)} if learned is not None else {}),
+        **(
+            {"prediction": prediction_quality(workload, learned)}
+            if learned is not None and learned.totals
+            else {}
+        ),
         **top,
         "throughput_ratio": {
             b: round(top["throughput_tok_s"] / r["throughput_tok_s"], 3)
@@ -126,6 +105,107 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     _print(out)
     return out
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A workload as the harness replays it, with the predictor it runs under."""
+
+    workload: Workload
+    tool_s: float  # the cluster's environment seconds per call
+    learned: Learned | None
+    predictor: str  # what the report calls the predictor
+    source: dict[str, Any]  # what the report says of a rollout-trace file ({} for a built-in workload)
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """What names a workload and its predictor: ``loom bench rollout``'s and ``loom plan``'s."""
+    p.add_argument(
+        "--workload",
+        default="coding",
+        help=f"a built-in workload ({', '.join(sorted(WORKLOADS))}) or a rollout-trace file (README: "
+        "'Your own workload'), replayed as recorded: its groups, lengths and environment times",
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="a rollout-trace file's training step (default its first)"
+    )
+    p.add_argument(
+        "--predictor",
+        choices=PREDICTORS,
+        default="learned",
+        help="Loom's learned model, cross-fitted by prompt (default); oracle, history, none: ablations",
+    )
+    p.add_argument(
+        "--predictor-steps",
+        type=int,
+        default=None,
+        help=f"optimiser steps per fold of the learned predictor (default {STEPS_PER_FOLD}; quick "
+        f"{QUICK_BUDGET.steps_per_fold} with {QUICK_BUDGET.folds} folds); cached under $LOOM_HOME",
+    )
+    p.add_argument(
+        "--siblings",
+        choices=SIBLINGS,
+        default="varied",
+        help="coding: samples of a group vary the recorded run (default) or replay it exactly",
+    )
+    p.add_argument(
+        "--prompts", type=int, default=None, help="prompts to take from the workload (default all)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traces", default=None, help="a built-in workload's trace file of its own schema")
+
+
+def replay_of(args: argparse.Namespace) -> Replay:
+    """The workload ``add_workload_arguments`` named, and its predictor (the learned one trained or read from
+    the cache; on a file, what its lengths allow)."""
+    quick = getattr(args, "quick", False)
+    prompts = args.prompts if args.prompts is not None else (12 if quick else None)
+    source: dict[str, Any] = {}
+    if args.workload in WORKLOADS:
+        workload = load_workload(
+            args.workload, prompts, GROUP[args.workload], args.seed, args.traces, args.siblings
+        )
+        tool_s = TOOL_S[args.workload]
+    else:
+        workload, tool_s, source = _recorded(args.workload, args.step, prompts)
+    learned, predictor = None, args.predictor
+    if args.predictor == "learned":
+        budget = learned_budget(quick, args.predictor_steps, args.seed)
+        rows = QUICK_ROW_PROMPTS if quick else ROW_PROMPTS
+        if source:
+            # A file's text is not read by the text model yet: its lengths, history and siblings are.
+            learned, predictor = lengths_only(budget, rows), "learned (lengths only)"
+        else:
+            learned = served(workload, budget, rows)
+    return Replay(workload, tool_s, learned, predictor, source)
+
+
+def _recorded(path: str, step: int | None, prompts: int | None) -> tuple[Workload, float, dict[str, Any]]:
+    """A rollout-trace file's batch at ``step`` (its first prompts only, where ``prompts`` says), the mean
+    environment time per call it recorded, and what the report says of it."""
+    if not Path(path).exists():
+        raise SystemExit(
+            f"--workload {path!r} is neither a built-in workload ({', '.join(sorted(WORKLOADS))}) nor a file"
+        )
+    try:
+        rec = recorded.load(path)
+        chosen, w = rec.step(step)
+    except ValueError as e:  # TraceFormatError names the line and field
+        raise SystemExit(f"--workload: {e}") from None
+    if prompts is not None:
+        keep = set(list(w.by_prompt())[:prompts])
+        w = Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
+    report = {
+        "file": {
+            "path": str(path),
+            "step": chosen,
+            "steps": sorted(rec.steps),
+            "groups": w.groups,
+            "text": rec.has_text,
+            "turns_without_env_s": rec.turns_without_env_s,
+        }
+    }
+    return w, rec.mean_env_s(), report
 
 
 def load_workload(

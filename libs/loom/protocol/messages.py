@@ -304,6 +304,10 @@ class Step(Struct):
     output_logprobs: list[float] | None = None
     # The weights that finished this call (the engine's weight_version).
     weight_version: str = ""
+    # The engine's: why the call ended ("stop", "length", "abort"; "" where not recorded), and how many of its
+    # input tokens the engine's prefix cache served.
+    finish_reason: str = ""
+    cached_tokens: NonNeg = 0
     # An external agent sent a history that is not the recorded one (it edited or dropped turns): this
     # call's ``prompt_ids`` are its whole context, rendered afresh, not a continuation of the steps before.
     rebased: bool = False

@@ -89,11 +89,12 @@ class _Predictor:
         ones' progress as of their last estimate. A single epoch: no earlier samples of the prompt."""
         group = self.progress.setdefault(t.prompt, {})
         group[t.id] = (calls, float(generated))
+        text = self.learned.get(t.id)  # None: a workload of lengths alone
         return Known(
             calls,
             float(generated),
             float(t.steps[0].input_len),
-            float(self.learned[t.id][min(calls, len(t.steps) - 1)]),
+            None if text is None else float(text[min(calls, len(t.steps) - 1)]),
             finished=tuple(self.finished_totals.get(t.prompt, ())),
             running=tuple(v for k, v in group.items() if k != t.id),
             workload=t.task or self.workload,

@@ -180,6 +180,25 @@ def served(
     )
 
 
+def lengths_only(
+    budget: Budget, prompts: Mapping[str, int | None] = ROW_PROMPTS, log: Callable[[str], None] | None = None
+) -> Learned:
+    """What the predictor serves a workload with no text (a rollout log of lengths alone): the fold combiners
+    without the text model, each prompt's estimate from its history, siblings and step (their no-text
+    regimes), trusted at admission as far as on a workload none of them saw (``Combiner.trust``)."""
+    models = tuple(fold_combiners(budget, prompts, log))
+    sd, slope = models[0].trust("")
+    return Learned(
+        {},
+        sd,
+        slope,
+        combiners=models,
+        folds=budget.folds,
+        seed=budget.seed,
+        combiner_fold=combiner_folds(budget, prompts),
+    )
+
+
 def fit_for_model(
     model: Any, held_out: Set[str], prompts: Mapping[str, int | None] = ROW_PROMPTS, seed: int = 0
 ) -> combine.Combiner:

@@ -1,0 +1,139 @@
+"""Workloads from rollout-trace files (``loom.data.rollout_trace``): any team's rollouts, replayed as they were
+recorded: their own groups (no synthetic siblings), lengths and environment times, one training step at a
+time; and the built-in workloads written out in that schema, so that they load through the same path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loom.data import rollout_trace as rt
+from loom.data.traces import Trace
+from loom.protocol import Trajectory as Result
+from loom.workloads.base import Workload, WorkStep, WorkTraj
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A rollout-trace file as the harness replays it: each training step's batch, steps in order."""
+
+    name: str
+    steps: dict[int, Workload]
+    has_text: bool  # every trajectory carries its prompt's and its calls' text
+    turns: int
+    turns_without_env_s: int  # turns whose environment time the file does not give (replayed as 0 s)
+
+    def step(self, step: int | None = None) -> tuple[int, Workload]:
+        """The batch of training step ``step`` (None: the first the file holds)."""
+        if step is None:
+            step = min(self.steps)
+        if step not in self.steps:
+            raise ValueError(f"{self.name}: no step {step}; the file holds steps {sorted(self.steps)}")
+        return step, self.steps[step]
+
+    def mean_env_s(self) -> float:
+        """Mean environment seconds per call between calls, over the file (the last call's is scoring)."""
+        gaps = [s.env_s for w in self.steps.values() for t in w.trajectories for s in t.steps[:-1]]
+        return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def load(path: str | Path, name: str | None = None) -> Recorded:
+    """A rollout-trace file as one workload per training step (``rollout_trace.read`` validates it)."""
+    p = Path(path)
+    trajectories = rt.read(p)
+    label = name or p.name.split(".")[0]
+    steps: dict[int, Workload] = {}
+    missing = 0
+    for step, ts in rt.by_step(trajectories):
+        w = Workload(label, f"rollout trace {p}, step {step}")
+        for t in ts:
+            calls = []
+            for turn in t.turns:
+                env_s = turn.env_seconds
+                missing += env_s is None
+                calls.append(WorkStep(turn.context_tokens, turn.output_tokens, env_s or 0.0))
+            w.trajectories.append(
+                WorkTraj(t.key, t.group, t.sample, tuple(calls), t.reward, task=t.task or "")
+            )
+        steps[step] = w
+    return Recorded(
+        label,
+        steps,
+        all(t.has_text for t in trajectories),
+        sum(len(t.turns) for t in trajectories),
+        missing,
+    )
+
+
+def to_trace(w: Workload, step: int = 0, traces: Mapping[str, Trace] | None = None) -> list[rt.Trajectory]:
+    """``w``'s trajectories in the schema, as training step ``step``; with the recorded ``traces`` they
+    replay (by id), their text: the task statement and each call's action and observation."""
+    out = []
+    for t in w.trajectories:
+        trace = (traces or {}).get(t.trace) if t.trace else None
+        turns = []
+        for k, s in enumerate(t.steps):
+            turn = rt.Turn(s.input_len, s.output_len, env_s=s.env_s)
+            if trace is not None:
+                src = trace.steps[t.origin[k] if t.origin else k]
+                turn = rt.Turn(
+                    s.input_len, s.output_len, env_s=s.env_s, action=src.action, observation=src.observation
+                )
+            turns.append(turn)
+        out.append(
+            rt.Trajectory(
+                rt.SCHEMA,
+                t.prompt,
+                t.sample,
+                turns,
+                step=step,
+                id=t.id,
+                reward=t.reward,
+                prompt=trace.task if trace is not None else None,
+                task=t.task or w.name,
+            )
+        )
+    return out
+
+
+def from_results(results: Iterable[Result]) -> tuple[list[rt.Trajectory], int]:
+    """A Loom job's stored trajectories in the schema, and how many were left out (none of their calls ran).
+    A group is its task (the same task in two of a job's groups: each its own, ``#g`` and its index); the
+    step the policy version that started it (0 for a one-shot job)."""
+    results = list(results)
+    groups_of: dict[str, set[int]] = {}
+    for r in results:
+        groups_of.setdefault(r.task_id, set()).add(r.group)
+    out, skipped = [], 0
+    for r in results:
+        if not r.steps:
+            skipped += 1
+            continue
+        group = r.task_id if len(groups_of[r.task_id]) == 1 else f"{r.task_id}#g{r.group}"
+        turns = [
+            rt.Turn(
+                s.prompt_len,
+                s.output_len,
+                cached_tokens=min(s.cached_tokens, s.prompt_len),
+                finish_reason=s.finish_reason or None,
+                env_s=s.tool_s,
+                action=s.action,
+                observation=s.observation,
+            )
+            for s in r.steps
+        ]
+        out.append(
+            rt.Trajectory(
+                rt.SCHEMA,
+                group,
+                r.sample,
+                turns,
+                step=r.start_version or 0,
+                id=r.traj_id,
+                reward=r.reward,
+                task=r.env,
+            )
+        )
+    return out, skipped
