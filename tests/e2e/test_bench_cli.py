@@ -323,3 +323,37 @@ def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) 
     assert {s: f["makespan_s"] for s, f in plan["systems"].items()} == {
         s: f["makespan_s"] for s, f in bench["policies"].items()
     }
+
+
+def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) -> None:
+    """`--workload FILE`: every overall and ablation cell on the file's batch as recorded, each cell's share of
+    its ceiling, the learned predictor on what lengths allow; a malformed file stops it naming the line."""
+    trace = tmp_path / "tool.jsonl"
+    r = subprocess.run(
+        [LOOM, "trace", "export", "tool_use", "--prompts", "8", "--out", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    out = _bench(
+        "heddle-suite", "--quick", "--workload", str(trace), "--out", str(tmp_path / "suite"), timeout=300
+    )
+    # 3 models x (4 systems + Loom on exact lengths), and the ablations' variants that are not Loom itself.
+    assert list(out["overall"]) == [str(trace)] and out["cells"] == 3 * 5 + 3 + 2 + 2 + 2
+    for c in out["overall"][str(trace)].values():
+        assert c["systems"]["heddle"]["trajectories"] == 32
+        assert c["ceiling_share"] == pytest.approx(c["vs_best_baseline"] / c["ceiling_vs_best"], abs=2e-3)
+    assert out["min_ceiling_share"] == min(c["ceiling_share"] for c in out["overall"][str(trace)].values())
+    assert "prediction_quality" in out and out["prediction_quality"] == {}
+    assert (tmp_path / "suite" / "report.md").exists()
+    trace.write_text(trace.read_text().replace('"sample":', '"sample":"x",', 1).replace('"x",0', '"x"', 1))
+    r = subprocess.run(
+        [LOOM, "bench", "heddle-suite", "--quick", "--workload", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode != 0 and f"{trace}:1: " in r.stderr and "$.sample" in r.stderr

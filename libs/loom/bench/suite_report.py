@@ -78,15 +78,22 @@ def _ablations(d: Path, out: dict[str, Any]) -> str:
     return _save(fig, d / "ablations.png")
 
 
+def _main(layout: dict[str, Any], preferred: str = "coding") -> str:
+    """The workload a panel shows: ``preferred`` where the suite ran it, else its first."""
+    return preferred if preferred in layout["overall"] else next(iter(layout["overall"]))
+
+
 def _timeline_cells(drawn: dict[Any, dict[str, Any]], cells: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {label: drawn[c]["timeline"] for label, c in cells.items() if c in drawn}
 
 
 def _active(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
     panels = {
-        f"coding, {SHOWN_MODEL}": _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL]),
-        f"search, {SHOWN_MODEL}, ablation GPUs: resources": _timeline_cells(
-            drawn, layout["resources"]["search"]
+        f"{_main(layout)}, {SHOWN_MODEL}": _timeline_cells(
+            drawn, layout["overall"][_main(layout)][SHOWN_MODEL]
+        ),
+        f"{_main(layout, 'search')}, {SHOWN_MODEL}, ablation GPUs: resources": _timeline_cells(
+            drawn, layout["resources"][_main(layout, "search")]
         ),
     }
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -117,10 +124,10 @@ def _cdf(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> s
 
 def _utilisation(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for label, tl in _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL]).items():
+    for label, tl in _timeline_cells(drawn, layout["overall"][_main(layout)][SHOWN_MODEL]).items():
         ts, rate = tl["throughput"]
         ax.plot(ts, rate, label=SYSTEM_LABEL[label])
-    ax.set_title(f"coding, {SHOWN_MODEL}: cluster generation rate")
+    ax.set_title(f"{_main(layout)}, {SHOWN_MODEL}: cluster generation rate")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("tokens/s")
     ax.legend(fontsize=8)
@@ -128,7 +135,7 @@ def _utilisation(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, An
 
 
 def _gantt(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) -> str:
-    series = _timeline_cells(drawn, layout["overall"]["coding"][SHOWN_MODEL])
+    series = _timeline_cells(drawn, layout["overall"][_main(layout)][SHOWN_MODEL])
     shown = [s for s in ("heddle", "slime") if s in series]
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.2 * max(1, len(shown))), squeeze=False)
     for ax, s in zip(axes[:, 0], shown, strict=True):
