@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.step == "all":
+        raise SystemExit("loom plan: one training step's batch (--step N), not all")
     replay = replay_of(args)
     cluster = Cluster(gpus=args.gpus, gpu=args.gpu, model=args.model, tool_s=replay.tool_s)
     out = planner.plan(replay.workload, cluster, args.predictor, replay.learned, args.seed)

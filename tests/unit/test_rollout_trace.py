@@ -178,3 +178,42 @@ def test_a_jobs_results_become_a_trace() -> None:
         rt.Turn(160, 12, cached_tokens=0, finish_reason="length", env_s=0.0, action="done", observation=""),
     ]
     assert out[1].step == 0
+
+
+def test_a_files_steps_replay_in_order_each_prompt_remembering_its_earlier_steps(tmp_path: Path) -> None:
+    """`bench rollout --step all`: every step in order, each prompt's earlier totals its history (the history
+    predictor's and the combiner's), the figures summed over the steps."""
+    import argparse
+
+    from loom.bench import rollout as bench
+
+    ts = [
+        rt.Trajectory(rt.SCHEMA, g, s, [rt.Turn(200, 100 * (1 + g_i) * (s + 1), env_s=0.2)] * 3, step=step)
+        for step in (0, 1)
+        for g_i, g in enumerate(("short", "long"))
+        for s in range(2)
+    ]
+    path = tmp_path / "two.jsonl"
+    rt.write(path, ts)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--workload", str(path), "--step", "all", "--predictor", "history", "--gpus", "8"])
+    args.quick = False
+    out = bench.run(args)
+    assert out["file"]["step"] == [0, 1] and out["trajectories"] == 8
+    for r in out["policies"].values():
+        assert [s["output_tokens"] for s in r["steps"]] == [2700, 2700]
+        assert r["makespan_s"] == pytest.approx(sum(s["makespan_s"] for s in r["steps"]), abs=0.11)
+        assert r["throughput_tok_s"] == pytest.approx(5400 / r["makespan_s"], rel=1e-2)
+    # The predictor at step 1 knows what step 0 ran of each prompt.
+    from loom.bench.harness.rollout import _Predictor
+
+    step1 = recorded.load(path).steps[1]
+    pred = _Predictor("history", None, "two")
+    pred.remember({"long": [600.0, 1200.0]})
+    long0 = next(t for t in step1.trajectories if t.prompt == "long")
+    assert pred.known(long0, 0, 0).history == (600.0, 1200.0)
+    assert pred.total(long0, 0, 0) == 900.0
+    args.step = "x"
+    with pytest.raises(SystemExit, match="--step 'x': a step number, or 'all'"):
+        bench.run(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=replay.tool_s)
     results: dict[str, dict[str, Any]] = {}
     for label, pol in runs.items():
+        if len(replay.steps) > 1:
+            results[label] = _steps_in_order(replay.steps, pol, cluster, args.predictor, args.seed, learned)
+            continue
         r = run_rollout(workload, pol.resolved(), cluster, args.predictor, args.seed, learned=learned)
         ts, rate = r.throughput_over_time(20)
         # Utilisation over time: the cluster's generation rate in 20 windows, over its peak window.
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **source,
         "model": args.model,
         "gpus": gpus,
-        "trajectories": len(workload.trajectories),
+        "trajectories": sum(len(w.trajectories) for w in replay.steps) or len(workload.trajectories),
         "policy": name,
         "predictor": predictor,
         "siblings": args.siblings if args.workload == "coding" else "recorded trials",
@@ -107,15 +111,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _steps_in_order(
+    steps: Sequence[Workload],
+    policy: PolicySpec,
+    cluster: Cluster,
+    predictor: str,
+    seed: int,
+    learned: Learned | None,
+) -> dict[str, Any]:
+    """A rollout log's training steps one after another (each step's rollout starts when the last one ends,
+    as a synchronous trainer runs them), each prompt's totals at earlier steps its history; the figures
+    summed over the steps (throughput: all the tokens over all the time), and each step's."""
+    earlier: dict[str, list[float]] = {}
+    per_step = []
+    for w in steps:
+        r = run_rollout(w, policy.resolved(), cluster, predictor, seed, learned=learned, earlier=earlier)
+        per_step.append(r.summary())
+        for t in w.trajectories:
+            earlier.setdefault(t.prompt, []).append(float(t.output_tokens))
+    makespan = sum(s["makespan_s"] for s in per_step)
+    tokens = sum(s["output_tokens"] for s in per_step)
+    bound = sum(s["lower_bound_s"] for s in per_step)
+    tail = sum(s["tail_s"] for s in per_step)
+    return {
+        "makespan_s": round(makespan, 1),
+        "throughput_tok_s": round(tokens / makespan, 1) if makespan else 0.0,
+        "lower_bound_s": round(bound, 1),
+        "makespan_over_lb": round(makespan / bound, 3) if bound else 0.0,
+        "longest_traj_queueing_s": max(s["longest_traj_queueing_s"] for s in per_step),
+        "tail_s": round(tail, 2),
+        "tail_share": round(tail / makespan, 4) if makespan else 0.0,
+        "output_tokens": tokens,
+        "migrations": sum(s["migrations"] for s in per_step),
+        "wall_s": round(sum(s["wall_s"] for s in per_step), 2),
+        "steps": per_step,
+    }
+
+
 @dataclass(frozen=True)
 class Replay:
     """A workload as the harness replays it, with the predictor it runs under."""
 
-    workload: Workload
+    workload: Workload  # the batch (a file's first step replayed, with ``--step all``)
     tool_s: float  # the cluster's environment seconds per call
     learned: Learned | None
     predictor: str  # what the report calls the predictor
     source: dict[str, Any]  # what the report says of a rollout-trace file ({} for a built-in workload)
+    # With ``--step all``: every step of the file, in order (the first is ``workload``).
+    steps: tuple[Workload, ...] = ()
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,7 +170,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "'Your own workload'), replayed as recorded: its groups, lengths and environment times",
     )
     p.add_argument(
-        "--step", type=int, default=None, help="a rollout-trace file's training step (default its first)"
+        "--step",
+        default=None,
+        help="a rollout-trace file's training step (default its first); 'all' (bench rollout): every step in "
+        "order, each prompt's earlier steps its history",
     )
     p.add_argument(
         "--predictor",
@@ -167,7 +213,8 @@ def replay_of(args: argparse.Namespace) -> Replay:
         )
         tool_s = TOOL_S[args.workload]
     else:
-        workload, tool_s, source = _recorded(args.workload, args.step, prompts)
+        steps, tool_s, source = _recorded(args.workload, args.step, prompts)
+        workload = steps[0]
     learned, predictor = None, args.predictor
     if args.predictor == "learned":
         budget = learned_budget(quick, args.predictor_steps, args.seed)
@@ -177,35 +224,54 @@ def replay_of(args: argparse.Namespace) -> Replay:
             learned, predictor = lengths_only(budget, rows), "learned (lengths only)"
         else:
             learned = served(workload, budget, rows)
-    return Replay(workload, tool_s, learned, predictor, source)
+    return Replay(workload, tool_s, learned, predictor, source, tuple(steps) if source else ())
 
 
-def _recorded(path: str, step: int | None, prompts: int | None) -> tuple[Workload, float, dict[str, Any]]:
-    """A rollout-trace file's batch at ``step`` (its first prompts only, where ``prompts`` says), the mean
-    environment time per call it recorded, and what the report says of it."""
+def _recorded(
+    path: str, step: str | None, prompts: int | None
+) -> tuple[list[Workload], float, dict[str, Any]]:
+    """A rollout-trace file's batch at ``step`` (every step's, in order, for "all"; each its first prompts
+    only, where ``prompts`` says), the mean environment time per call it recorded, and what the report says
+    of it."""
     if not Path(path).exists():
         raise SystemExit(
             f"--workload {path!r} is neither a built-in workload ({', '.join(sorted(WORKLOADS))}) nor a file"
         )
     try:
         rec = recorded.load(path)
-        chosen, w = rec.step(step)
+        if step == "all":
+            chosen: list[int] = sorted(rec.steps)
+        else:
+            chosen = [rec.step(_step_number(step))[0]]
     except ValueError as e:  # TraceFormatError names the line and field
         raise SystemExit(f"--workload: {e}") from None
-    if prompts is not None:
-        keep = set(list(w.by_prompt())[:prompts])
-        w = Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
+    out = []
+    for s in chosen:
+        w = rec.steps[s]
+        if prompts is not None:
+            keep = set(list(w.by_prompt())[:prompts])
+            w = Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
+        out.append(w)
     report = {
         "file": {
             "path": str(path),
-            "step": chosen,
+            "step": chosen if step == "all" else chosen[0],
             "steps": sorted(rec.steps),
-            "groups": w.groups,
+            "groups": out[0].groups,
             "text": rec.has_text,
             "turns_without_env_s": rec.turns_without_env_s,
         }
     }
-    return w, rec.mean_env_s(), report
+    return out, rec.mean_env_s(), report
+
+
+def _step_number(step: str | None) -> int | None:
+    if step is None:
+        return None
+    try:
+        return int(step)
+    except ValueError:
+        raise ValueError(f"--step {step!r}: a step number, or 'all'") from None
 
 
 def load_workload(

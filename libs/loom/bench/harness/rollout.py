@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,16 @@ class _Predictor:
         self.history = HistoryPredictor()
         self.history_context: dict[str, list[float]] = {}
         self.workload = workload
+        # Totals of each prompt's samples at earlier training steps, oldest first (a replay of several steps).
+        self.earlier: dict[str, tuple[float, ...]] = {}
+
+    def remember(self, earlier: Mapping[str, Sequence[float]]) -> None:
+        """What earlier steps ran of each prompt: the history predictor's statistics and the combiner's
+        history (``Known.history``)."""
+        for prompt, totals in earlier.items():
+            self.earlier[prompt] = tuple(float(x) for x in totals)
+            for x in totals:
+                self.history.observe(prompt, float(x))
 
     def total(self, t: WorkTraj, generated: int, calls: int) -> float:
         """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
@@ -85,8 +96,8 @@ class _Predictor:
 
     def known(self, t: WorkTraj, generated: int, calls: int) -> Known:
         """What the predictor service would know of ``t`` now (its own progress is recorded for its
-        siblings to read): its group's samples finished so far, in the order they finished, and the running
-        ones' progress as of their last estimate. A single epoch: no earlier samples of the prompt."""
+        siblings to read): its group's samples finished so far, in the order they finished, the running
+        ones' progress as of their last estimate, and the prompt's totals at earlier steps (``remember``)."""
         group = self.progress.setdefault(t.prompt, {})
         group[t.id] = (calls, float(generated))
         text = self.learned.get(t.id)  # None: a workload of lengths alone
@@ -95,6 +106,7 @@ class _Predictor:
             float(generated),
             float(t.steps[0].input_len),
             None if text is None else float(text[min(calls, len(t.steps) - 1)]),
+            history=self.earlier.get(t.prompt, ()),
             finished=tuple(self.finished_totals.get(t.prompt, ())),
             running=tuple(v for k, v in group.items() if k != t.id),
             workload=t.task or self.workload,
@@ -241,13 +253,16 @@ def run_rollout(
     gantt_workers: int = 0,
     learned: Learned | None = None,
     speculation: Speculation | None = None,
+    earlier: Mapping[str, Sequence[float]] | None = None,
 ) -> RolloutResult:
     """``interaction``: each trajectory calls its environment as soon as its step is generated
     (trajectory level), or every turn waits for the whole batch to generate and then for every
     environment call to return (batch level, the synchronous agent loop RollArt compares against).
     ``gantt_workers``: record the steps run on the first that many workers, for a Gantt chart.
     ``learned``: the learned predictor's predictions (``loom.bench.harness.learned.cross_fitted``), computed here
-    when it is chosen and none are given. ``speculation``: every engine drafts, at these measured rates."""
+    when it is chosen and none are given. ``speculation``: every engine drafts, at these measured rates.
+    ``earlier``: each prompt's totals at earlier training steps, oldest first, which the predictors read as
+    its history (a replay of a rollout log's steps in order)."""
     if interaction not in INTERACTIONS:
         raise ValueError(f"unknown interaction {interaction!r}; one of {INTERACTIONS}")
     wall0 = time.perf_counter()
@@ -256,6 +271,7 @@ def run_rollout(
     if predictor == "learned" and learned is None:
         learned = served_predictor.served(workload, Budget())
     pred = _Predictor(predictor, learned, workload.name)
+    pred.remember(earlier or {})
     initial = coarsen([pred.total(t, 0, 0) for t in trajs], pred.admission_log_sd, pred.admission_slope)
     ref, weights = placement_weights([pred.context(t) for t in trajs])
     steps = [st for t in trajs for st in t.steps]
