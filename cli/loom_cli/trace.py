@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
+from loom.data import importers
 from loom.data import rollout_trace as rt
 from loom.data.trace_sets import trace_set
 from loom.protocol import Trajectory as Result
@@ -29,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     e.add_argument("--group", type=int, default=None, help="samples per prompt (default the benchmarks')")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_export)
+    i = cmds.add_parser("import", help="a trainer's rollout dump in the rollout-trace schema")
+    i.add_argument("trainer", choices=sorted(importers.IMPORTERS))
+    i.add_argument("path", help="the dump (verl: trainer.rollout_data_dir, or one of its {step}.jsonl)")
+    i.add_argument("--out", required=True, help="the file to write (.gz: gzip)")
+    i.set_defaults(func=_import)
     c = cmds.add_parser("check", help="validate a rollout-trace file and summarise it (JSON)")
     c.add_argument("path")
     c.set_defaults(func=_check)
@@ -52,6 +58,16 @@ def _export(args: argparse.Namespace) -> int:
     traces = {t.id: t for t in trace_set(args.workload)}
     n = rt.write(args.out, recorded.to_trace(w, 0, traces))
     print(json.dumps({"workload": args.workload, "trajectories": n, "groups": w.groups, "out": args.out}))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    try:
+        n = rt.write(args.out, list(importers.IMPORTERS[args.trainer](args.path)))
+    except (ValueError, OSError) as e:
+        print(f"loom trace import: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"trainer": args.trainer, "trajectories": n, "out": args.out}))
     return 0
 
 
