@@ -62,5 +62,9 @@ def _print(out: dict[str, Any]) -> None:
     sat = out["saturation_gpus"]
     console.print(
         f"critical path {out['critical_path_s']:,.1f} s: more than {sat['bound']} GPUs no longer shorten the bound "
-        f"(measured: within 5% of the best from {sat['measured']}); plot {out['plot']}"
+        f"(measured: {_measured(sat['measured'])}); plot {out['plot']}"
     )
+
+
+def _measured(gpus: int | None) -> str:
+    return f"within 5% of the best from {gpus}" if gpus else "still faster at the sweep's largest size"

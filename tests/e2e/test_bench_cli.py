@@ -317,7 +317,9 @@ def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) 
         "slime",
     }
     assert sum(int(d) * n for d, n in plan["layout"]["degrees"].items()) <= 16
-    assert plan["saturation_gpus"]["measured"] in plan["sweep"]["gpus"] and plan["critical_path_s"] > 0
+    assert (
+        plan["saturation_gpus"]["measured"] in [*plan["sweep"]["gpus"], None] and plan["critical_path_s"] > 0
+    )
     assert Path(plan["plot"]).stat().st_size > 10_000
     bench = _bench("rollout", *common)
     assert {s: f["makespan_s"] for s, f in plan["systems"].items()} == {

@@ -6,7 +6,8 @@ and each baseline's: the model-parallel layout Loom's allocator chooses, each sy
 throughput and tail share, and the size beyond which the workload stops speeding up. That size is where
 the lower bound's throughput term (all the work over the cluster's best rate, which halves as the GPUs
 double) meets its critical path (the longest trajectory alone on the fastest worker, which no GPU count
-shortens), and, measured, the smallest size of the sweep within 5% of the makespan at the largest.
+shortens), and, measured, the smallest size of the sweep within 5% of the best makespan (None where the
+largest size is still more than 5% faster than the one before: it saturates beyond the sweep).
 
 The plan's figures at the size asked for are a run of ``loom bench rollout`` on that cluster: the same
 workload, predictor, policies and seed give the same makespan.
@@ -32,7 +33,7 @@ SYSTEMS = ("heddle", "verl", "verl_star", "slime")
 # The sweep: the size asked for, halved and doubled (never below one 8-GPU node).
 SWEEP = (0.125, 0.25, 0.5, 1.0, 2.0)
 MIN_GPUS = 8
-# The measured saturation: the smallest size within this much of the largest size's makespan.
+# The measured saturation: the smallest size within this much of the best makespan of the sweep.
 FLAT = 0.05
 
 
@@ -73,7 +74,9 @@ def plan(
         cluster.gpus * terms["throughput_s"] / terms["critical_path_s"] if terms["critical_path_s"] else 0.0
     )
     best = min(runs[g][systems[0]].makespan_s for g in sizes)
-    flat = min(g for g in sizes if runs[g][systems[0]].makespan_s <= best * (1 + FLAT))
+    flat: int | None = min(g for g in sizes if runs[g][systems[0]].makespan_s <= best * (1 + FLAT))
+    if flat == sizes[-1] and len(sizes) > 1:
+        flat = None  # still speeding up at the largest size of the sweep: it saturates beyond it
     return {
         "gpus": cluster.gpus,
         "gpu": cluster.gpu,
