@@ -288,18 +288,23 @@ def test_bench_affinity_compares_three_rollout_configurations(tmp_path: Path) ->
     )
 
 
-def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) -> None:
-    """`loom plan` on a rollout-trace file: the layout, every system at the size asked and around it, where the
-    workload saturates, a plot; its figures at that size are `loom bench rollout`'s on the same cluster."""
-    trace = tmp_path / "search.jsonl.gz"
+def _export(workload: str, prompts: int, out: Path) -> None:
+    """A built-in workload's first prompts as a rollout-trace file, through `loom trace export`."""
     r = subprocess.run(
-        [LOOM, "trace", "export", "search", "--prompts", "16", "--out", str(trace)],
+        [LOOM, "trace", "export", workload, "--prompts", str(prompts), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) -> None:
+    """`loom plan` on a rollout-trace file: the layout, every system at the size asked and around it, where the
+    workload saturates, a plot; its figures at that size are `loom bench rollout`'s on the same cluster."""
+    trace = tmp_path / "search.jsonl.gz"
+    _export("search", 16, trace)
     common = ["--workload", str(trace), "--predictor", "history", "--gpus", "16"]
     r = subprocess.run(
         [LOOM, "plan", *common, "--out", str(tmp_path / "plots"), "--json"],
@@ -331,14 +336,7 @@ def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) ->
     """`--workload FILE`: every overall and ablation cell on the file's batch as recorded, each cell's share of
     its ceiling, the learned predictor on what lengths allow; a malformed file stops it naming the line."""
     trace = tmp_path / "tool.jsonl"
-    r = subprocess.run(
-        [LOOM, "trace", "export", "tool_use", "--prompts", "8", "--out", str(trace)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    _export("tool_use", 8, trace)
     out = _bench(
         "heddle-suite", "--quick", "--workload", str(trace), "--out", str(tmp_path / "suite"), timeout=300
     )

@@ -75,13 +75,12 @@ def to_trace(w: Workload, step: int = 0, traces: Mapping[str, Trace] | None = No
         trace = (traces or {}).get(t.trace) if t.trace else None
         turns = []
         for k, s in enumerate(t.steps):
-            turn = rt.Turn(s.input_len, s.output_len, env_s=s.env_s)
-            if trace is not None:
-                src = trace.steps[t.origin[k] if t.origin else k]
-                turn = rt.Turn(
-                    s.input_len, s.output_len, env_s=s.env_s, action=src.action, observation=src.observation
-                )
-            turns.append(turn)
+            # The recorded call this step replays (a coding sibling drops or repeats some).
+            src = trace.steps[t.origin[k] if t.origin else k] if trace is not None else None
+            action, observation = (src.action, src.observation) if src else (None, None)
+            turns.append(
+                rt.Turn(s.input_len, s.output_len, env_s=s.env_s, action=action, observation=observation)
+            )
         out.append(
             rt.Trajectory(
                 rt.SCHEMA,
