@@ -10,14 +10,12 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
+from loom.bench.harness.served import GROUP
 from loom.data import importers
 from loom.data import rollout_trace as rt
 from loom.data.trace_sets import trace_set
 from loom.protocol import Trajectory as Result
 from loom.workloads import WORKLOADS, recorded
-
-# The built-in workloads' groups, as the benchmarks replay them.
-GROUP = {"coding": 16, "search": 5, "tool_use": 4}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,8 +80,6 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Loom's own (learned) last: the ablation plot normalises to the last variant.
 PREDICTORS = {"none": "none", "history": "history", "oracle": "oracle", "learned": "learned"}
-# A --step for a --workload file, as the cell processes read it.
-STEP_ENV = "LOOM_SUITE_STEP"
 # Loom with exact lengths, beside Loom with its learned predictor in every overall cell: an idealisation.
 ORACLE = "heddle_oracle"
 
@@ -161,10 +160,12 @@ def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None
     return max(1, BATCH_PER_WORKER * workers // GROUP)
 
 
-def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None, Speculation | None]) -> dict[str, Any]:
-    cell, prompts, seed, timelines, learned, speculation = args
+def _run_cell(
+    args: tuple[Cell, int | None, int, bool, Learned | None, Speculation | None, int | None],
+) -> dict[str, Any]:
+    cell, prompts, seed, timelines, learned, speculation, step = args
     gpus = cell.gpus
-    workload, tool_s = workload_of(cell.workload, prompts, seed)
+    workload, tool_s = workload_of(cell.workload, prompts, seed, step)
     cluster = Cluster(gpus=gpus, model=cell.model, tool_s=tool_s)
     policy = PolicySpec(**cell.spec()).resolved()
     r = run_rollout(
@@ -194,18 +195,11 @@ def _run_cell(args: tuple[Cell, int | None, int, bool, Learned | None, Speculati
 
 def workload_of(name: str, prompts: int | None, seed: int, step: int | None = None) -> tuple[Workload, float]:
     """A cell's batch and the environment seconds per call its cluster assumes: a built-in workload by name
-    (GRPO groups of 16), else a rollout-trace file's step as recorded (``--step``, passed to the cell
-    processes in ``LOOM_SUITE_STEP``)."""
+    (GRPO groups of 16), else a rollout-trace file's step ``step`` as recorded."""
     if name in WORKLOADS:
         return WORKLOADS[name](prompts=prompts, group_size=GROUP, seed=seed), TOOL_S[name]
-    if step is None and os.environ.get(STEP_ENV):
-        step = int(os.environ[STEP_ENV])
     rec = recorded.load(name)
-    _, w = rec.step(step)
-    if prompts is not None:
-        keep = set(list(w.by_prompt())[:prompts])
-        w = Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
-    return w, rec.mean_env_s()
+    return rec.batch(step, prompts), rec.mean_env_s()
 
 
 def build_plan(
@@ -309,17 +303,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except (ValueError, OSError) as e:  # a malformed line names its line and field
             raise SystemExit(f"--workload: {e}") from None
         names = (args.workload,)
-        if args.step is not None:
-            os.environ[STEP_ENV] = str(args.step)  # the cell processes inherit it
     plan, layout = build_plan(args.quick, args.gpus, args.seed, args.speculative, names)
     drafting = {w: speculation_for(w, plan.quick) for w in names} if args.speculative else {}
     # Timelines (active trajectories, Gantt) are kept for the cells the plots draw.
     drawn = {c for w in names for s, c in layout["overall"][w][ABLATION_MODEL].items() if s != ORACLE}
-    drawn |= set(layout["resources"][_shown(names, "search")].values())
+    drawn |= set(layout["resources"][shown(names, "search")].values())
     jobs = args.jobs or max(1, min(len(plan.cells), os.cpu_count() or 1))
     prompts = {c: prompts_for(c.workload, c.model, c.gpus, plan.quick) for c in plan.cells}
     # Every cell's batch is a prefix of its workload's largest in the plan: one cross-fitting covers them all.
-    largest = {w: workload_of(w, _most(plan, prompts, w), plan.seed)[0] for w in names}
+    largest = {w: workload_of(w, _most(plan, prompts, w), plan.seed, args.step)[0] for w in names}
     budget = learned_budget(plan.quick, args.predictor_steps, plan.seed)
     rows = QUICK_ROW_PROMPTS if plan.quick else ROW_PROMPTS
     learned = {
@@ -334,6 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             c in drawn,
             learned[c.workload] if c.predictor == "learned" else None,
             drafting[c.workload][0].near if c.drafting else None,
+            args.step,
         )
         for c in plan.cells
         if c.corpus == "shared"
@@ -355,6 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     False,
                     learned[w] if c.predictor == "learned" else None,
                     drafting[w][0].local(results[layout["overall"][w][m][sys]]["sibling_local_share"]),
+                    None,  # drafting runs the built-in workloads only
                 )
                 for w, by_m in layout["drafting_local"].items()
                 for m, by_s in by_m.items()
@@ -381,7 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _shown(names: tuple[str, ...] | list[str], preferred: str) -> str:
+def shown(names: Sequence[str], preferred: str) -> str:
     """The workload a plot or headline shows: ``preferred`` where the suite ran it, else its first."""
     return preferred if preferred in names else names[0]
 
@@ -449,7 +443,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         none, oracle = runs["none"]["throughput_tok_s"], runs["oracle"]["throughput_tok_s"]
         gain = oracle - none
         kept[w] = round((runs["learned"]["throughput_tok_s"] - none) / gain, 3) if gain > 0 else None
-    main = _shown(list(overall), "coding")
+    main = shown(list(overall), "coding")
     cell = overall[main][ABLATION_MODEL]
     target = {
         "cell": f"{main}, {ABLATION_MODEL}, {plan.gpus} GPUs",

@@ -25,11 +25,12 @@ import msgspec
 
 from loom.bench.harness.cluster import Cluster
 from loom.bench.harness.learned import Learned
-from loom.bench.harness.rollout import run_rollout
+from loom.bench.harness.rollout import RolloutResult, run_rollout
 from loom.protocol import PolicySpec
 from loom.workloads import Workload
 
 SYSTEMS = ("heddle", "verl", "verl_star", "slime")
+FIGURES = ("makespan_s", "throughput_tok_s", "tail_share", "makespan_over_lb")
 # The sweep: the size asked for, halved and doubled (never below one 8-GPU node).
 SWEEP = (0.125, 0.25, 0.5, 1.0, 2.0)
 MIN_GPUS = 8
@@ -108,13 +109,10 @@ def plan(
     }
 
 
-def _figures(r: Any) -> dict[str, Any]:
-    return {
-        "makespan_s": round(r.makespan_s, 1),
-        "throughput_tok_s": round(r.throughput_tok_s, 1),
-        "tail_share": round(r.tail_share, 4),
-        "makespan_over_lb": round(r.makespan_over_lb, 3),
-    }
+def _figures(r: RolloutResult) -> dict[str, Any]:
+    """The run's figures a plan reports, as ``loom bench rollout`` rounds them."""
+    summary = r.summary()
+    return {k: summary[k] for k in FIGURES}
 
 
 def plot(result: dict[str, Any], path: Path, title: str) -> None:

@@ -245,13 +245,7 @@ def _recorded(
             chosen = [rec.step(_step_number(step))[0]]
     except ValueError as e:  # TraceFormatError names the line and field
         raise SystemExit(f"--workload: {e}") from None
-    out = []
-    for s in chosen:
-        w = rec.steps[s]
-        if prompts is not None:
-            keep = set(list(w.by_prompt())[:prompts])
-            w = Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
-        out.append(w)
+    out = [rec.batch(s, prompts) for s in chosen]
     report = {
         "file": {
             "path": str(path),

@@ -12,6 +12,8 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
+from loom.bench.heddle_suite import shown
+
 SYSTEM_LABEL = {"heddle": "Loom", "verl": "verl", "verl_star": "verl*", "slime": "slime"}
 SHOWN_MODEL = "qwen3-14b"
 
@@ -79,8 +81,7 @@ def _ablations(d: Path, out: dict[str, Any]) -> str:
 
 
 def _main(layout: dict[str, Any], preferred: str = "coding") -> str:
-    """The workload a panel shows: ``preferred`` where the suite ran it, else its first."""
-    return preferred if preferred in layout["overall"] else next(iter(layout["overall"]))
+    return shown(list(layout["overall"]), preferred)
 
 
 def _timeline_cells(drawn: dict[Any, dict[str, Any]], cells: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -33,6 +33,14 @@ class Recorded:
             raise ValueError(f"{self.name}: no step {step}; the file holds steps {sorted(self.steps)}")
         return step, self.steps[step]
 
+    def batch(self, step: int | None = None, prompts: int | None = None) -> Workload:
+        """Step ``step``'s batch (``step``), its first ``prompts`` groups only where that is given."""
+        _, w = self.step(step)
+        if prompts is None:
+            return w
+        keep = set(list(w.by_prompt())[:prompts])
+        return Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
+
     def mean_env_s(self) -> float:
         """Mean environment seconds per call between calls, over the file (the last call's is scoring)."""
         gaps = [s.env_s for w in self.steps.values() for t in w.trajectories for s in t.steps[:-1]]

@@ -62,9 +62,8 @@ class _Predictor:
         self.admission_slope = learned.admission_slope if learned else 1.0
         # The service combines the model's estimates with the group's finished and running samples
         # (``loom.predict.combine``); without combiners, it refines them by the finished samples alone.
-        self.combiners = learned.combiners if learned and kind == "learned" else ()
-        self.served = learned if self.combiners else None
-        self.blend = SiblingBlend(learned.admission_log_sd) if learned and not self.combiners else None
+        self.served = learned if learned and learned.combiners and kind == "learned" else None
+        self.blend = SiblingBlend(learned.admission_log_sd) if learned and self.served is None else None
         self.finished_totals: dict[str, list[float]] = {}  # prompt -> its samples' totals, as they finish
         self.progress: dict[str, dict[str, tuple[int, float]]] = {}  # prompt -> running id -> (calls, tokens)
         self.history = HistoryPredictor()
@@ -153,7 +152,7 @@ class _Predictor:
     @property
     def refines(self) -> bool:
         """Whether a finished sample moves its siblings' estimates."""
-        return bool(self.combiners) or self.blend is not None
+        return self.served is not None or self.blend is not None
 
     @property
     def discriminates(self) -> bool:

@@ -166,18 +166,7 @@ def served(
 ) -> Learned:
     """The workload's text-model estimates (cross-fitted) with the fold combiners that serve them, and their
     error at admission as a first epoch knows it (``combine.admission_fit``)."""
-    text = cross_fitted(workload, budget, log)
-    models = tuple(fold_combiners(budget, prompts, log))
-    sd, slope = models[0].trust(workload.name)
-    return dataclasses.replace(
-        text,
-        admission_log_sd=sd,
-        admission_slope=slope,
-        combiners=models,
-        folds=budget.folds,
-        seed=budget.seed,
-        combiner_fold=combiner_folds(budget, prompts),
-    )
+    return _with_combiners(cross_fitted(workload, budget, log), budget, prompts, log, workload.name)
 
 
 def lengths_only(
@@ -186,12 +175,23 @@ def lengths_only(
     """What the predictor serves a workload with no text (a rollout log of lengths alone): the fold combiners
     without the text model, each prompt's estimate from its history, siblings and step (their no-text
     regimes), trusted at admission as far as on a workload none of them saw (``Combiner.trust``)."""
+    return _with_combiners(Learned({}, 0.0), budget, prompts, log)
+
+
+def _with_combiners(
+    text: Learned,
+    budget: Budget,
+    prompts: Mapping[str, int | None],
+    log: Callable[[str], None] | None,
+    workload: str = "",
+) -> Learned:
+    """``text`` served through the fold combiners, with their error at admission on ``workload``."""
     models = tuple(fold_combiners(budget, prompts, log))
-    sd, slope = models[0].trust("")
-    return Learned(
-        {},
-        sd,
-        slope,
+    sd, slope = models[0].trust(workload)
+    return dataclasses.replace(
+        text,
+        admission_log_sd=sd,
+        admission_slope=slope,
         combiners=models,
         folds=budget.folds,
         seed=budget.seed,
