@@ -188,3 +188,28 @@ def test_admission_trust_is_per_workload_and_the_least_slope_elsewhere() -> None
     assert model.trust("ranked") == admission["ranked"] and model.trust("new") == admission["*"]
     again = combine.Combiner.from_json(json.loads(json.dumps(model.to_json())))
     assert again.trust("ranked") == pytest.approx(admission["ranked"])
+
+
+def test_the_combined_candidate_is_scored_as_it_serves_each_cell() -> None:
+    """On inner folds, each trajectory is estimated by its own cell's regression, fitted on that cell's rows
+    alone, as the served model will be: the base cell (nothing but the prompt, what was generated, the step)
+    no more than the others borrows the rows of the cells beside it in its regime."""
+    rng = random.Random(5)
+    known = []
+    for i in range(60):
+        finished = (rng.uniform(100, 10_000),) if i % 2 else ()
+        known.append(Known(1, 50.0, rng.uniform(100, 10_000), finished=finished))
+    feats = [combine.features(k) for k in known]
+    # Totals follow the prompt where no sibling finished, and nothing of it where one did.
+    y = np.array([math.log(k.prompt_len if not k.finished else rng.uniform(100, 10_000)) for k in known])
+    gen = np.array([k.generated for k in known])
+    train, test = np.arange(0, 40), np.arange(40, 60)
+    got = combine._predict_oof("combined", feats, y, gen, train, test)
+    for p in ((), ("finished",)):
+        own = [int(i) for i in train if combine.pattern(feats[i]) == p]
+        cols = combine._columns(p)
+        m = combine.fit_linear(combine._matrix(feats, own, cols), y[own], cols)
+        for j, i in enumerate(test):
+            if combine.pattern(feats[i]) == p:
+                want = math.log(combine.survived_median(m.centre_of(feats[i]), m.sd, gen[i]))
+                assert got[j] == pytest.approx(want), (p, i)

@@ -457,8 +457,9 @@ def _predict_oof(
         for i in train_ix:
             train_cells.setdefault(pattern(feats[i]), []).append(int(i))
         for p, js in by_cell.items():
-            cols = _columns(p) if len(train_cells.get(p, ())) >= 2 else BASE
-            fit_on = train_cells[p] if cols != BASE else [int(i) for i in train_ix]
+            own = train_cells.get(p, [])
+            # A cell with too few training rows borrows the regime's, on the columns every row has.
+            cols, fit_on = (_columns(p), own) if len(own) >= 2 else (BASE, [int(i) for i in train_ix])
             m = fit_linear(_matrix(feats, fit_on, cols), y[fit_on], cols)
             x = _matrix(feats, [int(test_ix[j]) for j in js], cols)
             centres[js] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
