@@ -14,6 +14,12 @@ PIN := $(VENV)/torch-pin.txt
 # without its pins, and pyzmq (its transport) is resolved with the rest.
 VERL_NODEPS := verl==0.9.1 'tensordict>=0.8,<=0.10,!=0.9.0' pyvers==0.1.0 TransferQueue==0.1.11
 VERL_DEPS := 'ray>=2.41' 'hydra-core>=1.3' codetiming cachetools dill peft torchdata cloudpickle orjson pyzmq
+# SkyRL 0.3.0, for the test that has its trainer write the rollout dump `loom trace import skyrl` reads (Loom
+# reads the dump without SkyRL). Its core pins transformers to 5.8 at most (and peft 0.18.1), its trainer extra asks for vLLM and
+# flash-attn; the parts that build and dump a training batch import and run beside this venv's packages
+# (measured) given jaxtyping, so it comes without its pins.
+SKYRL_NODEPS := skyrl==0.3.0
+SKYRL_DEPS := jaxtyping
 # GEM (gem-llm 0.1.0, `"env": "gem:<env_id>"`, loom.envs.adapters.gem) pins math-verify[antlr4_13_2], whose
 # antlr4-python3-runtime 4.13.2 cannot sit beside the 4.9 of verl's hydra and skyrl-gym's omegaconf, and
 # reasoning-gym 0.1.23, msgspec 0.19.0 and nltk 3.9.1. So it has a venv of its own, which `loom up` starts a
@@ -34,7 +40,8 @@ $(STAMP): pyproject.toml examples/loom-guess/pyproject.toml examples/vf-calc/pyp
 	echo 'torch==2.13.0' > $(PIN)
 	$(PY) -m pip install -q -c $(PIN) -e '.[dev,trl,reasoning_gym,skyrl_gym,textarena,verifiers]'
 	$(PY) -m pip install -q -c $(PIN) --no-deps $(VERL_NODEPS)
-	$(PY) -m pip install -q -c $(PIN) $(VERL_DEPS)
+	$(PY) -m pip install -q -c $(PIN) $(VERL_DEPS) $(SKYRL_DEPS)
+	$(PY) -m pip install -q -c $(PIN) --no-deps $(SKYRL_NODEPS)
 	# The example environments, installed as an operator installs a user's package (tests run jobs on them).
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/loom-guess -e examples/vf-calc
 	touch $(STAMP)

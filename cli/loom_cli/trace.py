@@ -30,7 +30,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     e.set_defaults(func=_export)
     i = cmds.add_parser("import", help="a trainer's rollout dump in the rollout-trace schema")
     i.add_argument("trainer", choices=sorted(importers.IMPORTERS))
-    i.add_argument("path", help="the dump (verl: trainer.rollout_data_dir, or one of its {step}.jsonl)")
+    i.add_argument(
+        "path",
+        help="the dump, a directory or one file: verl's trainer.rollout_data_dir ({step}.jsonl), slime's"
+        " --save-debug-rollout-data files (*.pt), SkyRL's trainer.export_path (dumped_data/*.pkl)",
+    )
     i.add_argument("--out", required=True, help="the file to write (.gz: gzip)")
     i.set_defaults(func=_import)
     c = cmds.add_parser("check", help="validate a rollout-trace file and summarise it (JSON)")

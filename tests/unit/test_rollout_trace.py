@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom.data import rollout_trace as rt
+from loom.data.importers.turns import mask_turns
 from loom.data.trace_sets import trace_set
 from loom.protocol import Step
 from loom.protocol import Trajectory as Result
@@ -217,3 +218,21 @@ def test_a_files_steps_replay_in_order_each_prompt_remembering_its_earlier_steps
     args.step = "x"
     with pytest.raises(SystemExit, match="--step 'x': a step number, or 'all'"):
         bench.run(args)
+
+
+@given(st.integers(0, 50), st.lists(st.integers(0, 1), max_size=60))
+def test_a_loss_mask_splits_into_the_calls_it_holds(prompt: int, mask: list[int]) -> None:
+    """Against brute force: a call per maximal run of 1s, its context everything before it, its output the
+    run; a call is followed by an observation where a 0 comes after it."""
+    calls = mask_turns(prompt, mask)
+    runs = [
+        (i, j)
+        for i in range(len(mask))
+        for j in range(i + 1, len(mask) + 1)
+        if all(mask[i:j]) and (i == 0 or not mask[i - 1]) and (j == len(mask) or not mask[j])
+    ]
+    if not runs:
+        assert calls == [(prompt + len(mask), 0, False)]
+        return
+    assert calls == [(prompt + i, j - i, j < len(mask)) for i, j in runs]
+    assert sum(o for _, o, _ in calls) == sum(mask)

@@ -1,4 +1,4 @@
-"""Rollout dumps that trainers already write, read into the rollout-trace schema (``loom.data.rollout_trace``).
+"""verl's rollout dump in the rollout-trace schema.
 
 verl (``trainer.rollout_data_dir``; ``RayPPOTrainer._log_rollout_data`` and ``_write_generations``): a file
 ``{global_step}.jsonl`` per training step, a line per sample: ``input`` (the prompt, decoded with special
@@ -16,12 +16,12 @@ and what it does not:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from loom.data import rollout_trace as rt
+from loom.data.importers.turns import group_name
 from loom.text.tokenizer import count_tokens
 
 
@@ -57,8 +57,7 @@ def _verl_step(f: Path) -> Iterable[rt.Trajectory]:
                         f"{where}: a verl dump's `{key}` must be {kind.__name__}, got {row.get(key)!r} - at `$.{key}`"
                     )
             prompt, output = row["input"], row["output"]
-            # A group is a prompt's text: a stable name for it across steps and files.
-            group = "p" + hashlib.sha1(prompt.encode()).hexdigest()[:12]
+            group = group_name(prompt)
             sample = samples.get(group, 0)
             samples[group] = sample + 1
             score = row.get("score")
@@ -72,6 +71,3 @@ def _verl_step(f: Path) -> Iterable[rt.Trajectory]:
                 prompt=prompt,
                 task=row.get("data_source") if isinstance(row.get("data_source"), str) else None,
             )
-
-
-IMPORTERS = {"verl": from_verl}
