@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from loom.bench.workloads import profile, swe_lengths
 from loom.policies.partition import WorkerProfile, presorted_dp, realised_makespans
-from loom.policies.resources import ResourceProblem, anneal, count_states, exhaustive, fixed
+from loom.policies.resources import ResourceProblem, _representable, anneal, count_states, exhaustive, fixed
 
 
 def _profiles(comm: float, contention: float) -> dict[int, WorkerProfile]:
@@ -135,3 +136,22 @@ def test_an_uninformative_predictor_keeps_the_long_trajectories_off_slow_workers
     flat = np.full(400, float(np.median(lengths)))
     blind = anneal(ResourceProblem(flat, 32, profiles, log_sd=1.0), seed=0)
     assert len(set(blind.degrees)) == 1
+
+
+@given(total=st.integers(-3, 60), degrees=st.lists(st.sampled_from([1, 2, 3, 4, 8]), min_size=1, max_size=3))
+def test_a_budget_splits_into_degrees_exactly_when_brute_force_finds_a_split(
+    total: int, degrees: list[int]
+) -> None:
+    d = tuple(sorted(set(degrees)))
+    brute = total >= 0 and any(
+        sum(k * x for k, x in zip(counts, d, strict=True)) == total
+        for counts in itertools.product(*(range(total // x + 1) for x in d))
+    )
+    assert _representable(total, d) == brute
+
+
+def test_a_cluster_of_hundreds_of_gpus_is_split_and_sampled() -> None:
+    # loom plan sweeps to twice the cluster: 512 GPUs of degree 1 once ran past Python's recursion depth.
+    problem = ResourceProblem(np.ones(4), 512, _profiles(0.001, 0.01))
+    state = problem.random_state(random.Random(0))
+    assert sum(state) == 512 and set(state) <= {1, 2, 4, 8}

@@ -246,6 +246,11 @@ def _multisets(total: int, degrees: tuple[int, ...]) -> Iterator[State]:
 
 @lru_cache(maxsize=4096)
 def _representable(total: int, degrees: tuple[int, ...]) -> bool:
-    if total == 0:
-        return True
-    return any(d <= total and _representable(total - d, degrees) for d in degrees)
+    """Whether ``total`` GPUs split exactly into workers of ``degrees``: reachable sums, built up from 0 (a
+    recursion on the remainder ran past Python's depth at 512 GPUs of degree 1)."""
+    if total < 0:
+        return False
+    reach = [True] + [False] * total
+    for n in range(1, total + 1):
+        reach[n] = any(d <= n and reach[n - d] for d in degrees)
+    return reach[total]
