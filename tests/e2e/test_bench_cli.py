@@ -332,9 +332,33 @@ def test_loom_plan_sweeps_the_cluster_and_matches_bench_rollout(tmp_path: Path) 
     }
 
 
+def test_a_files_text_is_read_by_the_learned_predictor_and_without_it_its_lengths(tmp_path: Path) -> None:
+    """A built-in workload written out with its text is served as it is built in (the text model by the fold
+    that never saw each prompt, the same combiners and trust): the same predictions and makespans. Without its
+    text, what lengths allow, and the report says which."""
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    trace = tmp_path / "tool.jsonl"
+    _export("tool_use", 8, trace)
+    common = ["rollout", "--quick", "--prompts", "8"]
+    from_file = _bench(*common, "--workload", str(trace), timeout=360)
+    built_in = _bench(*common, "--workload", "tool_use", timeout=360)
+    assert from_file["predictor"] == "learned" and from_file["file"]["text"] is True
+    assert from_file["prediction"] == built_in["prediction"]
+    assert {s: p["makespan_s"] for s, p in from_file["policies"].items()} == {
+        s: p["makespan_s"] for s, p in built_in["policies"].items()
+    }
+    bare = tmp_path / "bare.jsonl"
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    for row in rows:
+        row.pop("prompt")
+    bare.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lengths = _bench(*common, "--workload", str(bare), timeout=360)
+    assert lengths["predictor"] == "learned (lengths only)" and lengths["file"]["text"] is False
+
+
 def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) -> None:
     """`--workload FILE`: every overall and ablation cell on the file's batch as recorded, each cell's share of
-    its ceiling, the learned predictor on what lengths allow; a malformed file stops it naming the line."""
+    its ceiling, the learned predictor on the file's text; a malformed file stops it naming the line."""
     trace = tmp_path / "tool.jsonl"
     _export("tool_use", 8, trace)
     out = _bench(
@@ -346,7 +370,9 @@ def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) ->
         assert c["systems"]["heddle"]["trajectories"] == 32
         assert c["ceiling_share"] == pytest.approx(c["vs_best_baseline"] / c["ceiling_vs_best"], abs=2e-3)
     assert out["min_ceiling_share"] == min(c["ceiling_share"] for c in out["overall"][str(trace)].values())
-    assert "prediction_quality" in out and out["prediction_quality"] == {}
+    # The text model's quality on the file, as on a built-in workload.
+    assert set(out["prediction_quality"]) == {str(trace)}
+    assert set(out["prediction_quality"][str(trace)]) >= {"step0", "step2"}
     assert (tmp_path / "suite" / "report.md").exists()
     trace.write_text(trace.read_text().replace('"sample":', '"sample":"x",', 1).replace('"x",0', '"x"', 1))
     r = subprocess.run(

@@ -39,7 +39,7 @@ from loom.bench.harness.bounds import critical_path, undraftable
 from loom.bench.harness.cluster import BASELINE_MP, Cluster
 from loom.bench.harness.learned import Learned
 from loom.bench.harness.rollout import run_rollout
-from loom.bench.harness.served import QUICK_ROW_PROMPTS, ROW_PROMPTS, lengths_only, served
+from loom.bench.harness.served import QUICK_ROW_PROMPTS, ROW_PROMPTS, for_file, served
 from loom.bench.registry import Benchmark
 from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
 from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
@@ -144,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload",
         default=None,
         help="a rollout-trace file to run every cell on instead of the built-in workloads (one training step, "
-        "as recorded; the learned predictor serves what its lengths allow)",
+        "as recorded; the learned predictor reads its text, or where it has none, serves what lengths allow)",
     )
     p.add_argument("--step", type=int, default=None, help="the file's training step (default its first)")
 
@@ -315,7 +315,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = learned_budget(plan.quick, args.predictor_steps, plan.seed)
     rows = QUICK_ROW_PROMPTS if plan.quick else ROW_PROMPTS
     learned = {
-        w: served(workload, budget, rows) if w in WORKLOADS else lengths_only(budget, rows)
+        w: served(workload, budget, rows)
+        if w in WORKLOADS
+        else for_file(recorded.load(w), workload, budget, rows)[0]
         for w, workload in largest.items()
     }
     work = [

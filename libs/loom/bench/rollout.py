@@ -22,7 +22,7 @@ from rich.table import Table
 from loom.bench.harness.cluster import Cluster
 from loom.bench.harness.learned import FOLDS, STEPS_PER_FOLD, Budget, Learned
 from loom.bench.harness.rollout import PREDICTORS, run_rollout
-from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, lengths_only, served
+from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, for_file, served
 from loom.bench.registry import Benchmark
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
@@ -203,7 +203,7 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
 
 def replay_of(args: argparse.Namespace) -> Replay:
     """The workload ``add_workload_arguments`` named, and its predictor (the learned one trained or read from
-    the cache; on a file, what its lengths allow)."""
+    the cache; on a file, reading its text, or what its lengths allow where it has none: ``for_file``)."""
     quick = getattr(args, "quick", False)
     prompts = args.prompts if args.prompts is not None else (12 if quick else None)
     source: dict[str, Any] = {}
@@ -213,15 +213,15 @@ def replay_of(args: argparse.Namespace) -> Replay:
         )
         tool_s = TOOL_S[args.workload]
     else:
-        steps, tool_s, source = _recorded(args.workload, args.step, prompts)
+        rec, steps, tool_s, source = _recorded(args.workload, args.step, prompts)
         workload = steps[0]
     learned, predictor = None, args.predictor
     if args.predictor == "learned":
         budget = learned_budget(quick, args.predictor_steps, args.seed)
         rows = QUICK_ROW_PROMPTS if quick else ROW_PROMPTS
         if source:
-            # A file's text is not read by the text model yet: its lengths, history and siblings are.
-            learned, predictor = lengths_only(budget, rows), "learned (lengths only)"
+            every = Workload(workload.name, workload.source, [t for w in steps for t in w.trajectories])
+            learned, predictor = for_file(rec, every, budget, rows)
         else:
             learned = served(workload, budget, rows)
     return Replay(workload, tool_s, learned, predictor, source, tuple(steps) if source else ())
@@ -229,10 +229,10 @@ def replay_of(args: argparse.Namespace) -> Replay:
 
 def _recorded(
     path: str, step: str | None, prompts: int | None
-) -> tuple[list[Workload], float, dict[str, Any]]:
-    """A rollout-trace file's batch at ``step`` (every step's, in order, for "all"; each its first prompts
-    only, where ``prompts`` says), the mean environment time per call it recorded, and what the report says
-    of it."""
+) -> tuple[recorded.Recorded, list[Workload], float, dict[str, Any]]:
+    """A rollout-trace file, its batch at ``step`` (every step's, in order, for "all"; each its first
+    prompts only, where ``prompts`` says), the mean environment time per call it recorded, and what the
+    report says of it."""
     if not Path(path).exists():
         raise SystemExit(
             f"--workload {path!r} is neither a built-in workload ({', '.join(sorted(WORKLOADS))}) nor a file"
@@ -256,7 +256,7 @@ def _recorded(
             "turns_without_env_s": rec.turns_without_env_s,
         }
     }
-    return out, rec.mean_env_s(), report
+    return rec, out, rec.mean_env_s(), report
 
 
 def _step_number(step: str | None) -> int | None:

@@ -6,11 +6,11 @@ time; and the built-in workloads written out in that schema, so that they load t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loom.data import rollout_trace as rt
-from loom.data.traces import Trace
+from loom.data.traces import Trace, TraceStep
 from loom.protocol import Trajectory as Result
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
@@ -24,6 +24,8 @@ class Recorded:
     has_text: bool  # every trajectory carries its prompt's and its calls' text
     turns: int
     turns_without_env_s: int  # turns whose environment time the file does not give (replayed as 0 s)
+    # Where the file has text: each trajectory's as the text model reads a recorded run (by ``WorkTraj.trace``).
+    traces: dict[str, Trace] = field(default_factory=dict)
 
     def step(self, step: int | None = None) -> tuple[int, Workload]:
         """The batch of training step ``step`` (None: the first the file holds)."""
@@ -48,11 +50,15 @@ class Recorded:
 
 
 def load(path: str | Path, name: str | None = None) -> Recorded:
-    """A rollout-trace file as one workload per training step (``rollout_trace.read`` validates it)."""
+    """A rollout-trace file as one workload per training step (``rollout_trace.read`` validates it); where
+    every trajectory has its text, each names its ``Trace`` (``Recorded.traces``), as a built-in one names
+    its recorded run, for the learned predictor to read."""
     p = Path(path)
     trajectories = rt.read(p)
     label = name or p.name.split(".")[0]
+    text = all(t.has_text for t in trajectories)
     steps: dict[int, Workload] = {}
+    traces: dict[str, Trace] = {}
     missing = 0
     for step, ts in rt.by_step(trajectories):
         w = Workload(label, f"rollout trace {p}, step {step}")
@@ -62,17 +68,32 @@ def load(path: str | Path, name: str | None = None) -> Recorded:
                 env_s = turn.env_seconds
                 missing += env_s is None
                 calls.append(WorkStep(turn.context_tokens, turn.output_tokens, env_s or 0.0))
+            trace = _trace(t) if text else None
+            if trace is not None:
+                traces[trace.id] = trace
             w.trajectories.append(
-                WorkTraj(t.key, t.group, t.sample, tuple(calls), t.reward, task=t.task or "")
+                WorkTraj(
+                    t.key,
+                    t.group,
+                    t.sample,
+                    tuple(calls),
+                    t.reward,
+                    task=t.task or "",
+                    trace=trace.id if trace is not None else "",
+                )
             )
         steps[step] = w
-    return Recorded(
-        label,
-        steps,
-        all(t.has_text for t in trajectories),
-        sum(len(t.turns) for t in trajectories),
-        missing,
+    return Recorded(label, steps, text, sum(len(t.turns) for t in trajectories), missing, traces)
+
+
+def _trace(t: rt.Trajectory) -> Trace:
+    """A trajectory's text as a recorded run: its id the group's up to ``#`` (``traces.prompt_id``), so the
+    learned predictor's folds deal it by its prompt, as they deal a built-in workload's."""
+    steps = tuple(
+        TraceStep(turn.context_tokens, turn.output_tokens, turn.action or "", turn.observation or "", 0)
+        for turn in t.turns
     )
+    return Trace(f"{t.group}#{t.key}", bool(t.reward), "", steps, task=t.prompt or "")
 
 
 def to_trace(w: Workload, step: int = 0, traces: Mapping[str, Trace] | None = None) -> list[rt.Trajectory]:

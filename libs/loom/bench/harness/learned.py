@@ -214,10 +214,15 @@ class _Query:
     features: np.ndarray
 
 
-def _workload_key(w: Workload, steps: Sequence[int] | None = None) -> str:
+def _workload_key(
+    w: Workload, steps: Sequence[int] | None = None, traces: Mapping[str, Trace] | None = None
+) -> str:
     h = hashlib.sha1(f"{QUERY_VERSION}{'' if steps is None else sorted(steps)}".encode())
     for t in w.trajectories:
         h.update(f"{t.id}|{t.trace}|{t.origin}|{t.calls};".encode())
+        if traces is not None:  # a file's text: its ids alone do not name it, as a trace set's do
+            trace = traces[t.trace]
+            h.update(repr((trace.task, [(s.action, s.observation) for s in trace.steps])).encode())
     return h.hexdigest()[:16]
 
 
@@ -226,11 +231,14 @@ def cross_fitted(
     budget: Budget | None = None,
     log: Callable[[str], None] | None = None,
     steps: Sequence[int] | None = None,
+    traces: Mapping[str, Trace] | None = None,
 ) -> Learned:
     """Each trajectory's predicted total length after 0, 1, ..., n - 1 calls, by the model of its fold; with
-    ``steps``, only after those (the others are NaN): a fraction of the queries, for an evaluation."""
+    ``steps``, only after those (the others are NaN): a fraction of the queries, for an evaluation. Its
+    recorded runs are the trace sets', or ``traces`` (a rollout-trace file's, ``Recorded.traces``)."""
     budget = budget or Budget()
-    missing = [t.id for t in workload.trajectories if not t.trace]
+    known = traces if traces is not None else _all_traces()
+    missing = [t.id for t in workload.trajectories if t.trace not in known]
     if missing:
         raise ValueError(f"{len(missing)} trajectories name no recorded trace (e.g. {missing[0]!r})")
     root = cache_root() / budget.key()
@@ -238,7 +246,7 @@ def cross_fitted(
     metas = [json.loads(meta_path(p).read_text()) for p in paths]
     sd = float(np.mean([m["admission_log_sd"] for m in metas]))
     slope = float(np.mean([m.get("admission_slope", 1.0) for m in metas]))
-    return Learned(_predict(workload, budget, root, paths, steps), sd, slope)
+    return Learned(_predict(workload, budget, root, paths, steps, traces), sd, slope)
 
 
 def _predict(
@@ -247,16 +255,17 @@ def _predict(
     root: Path,
     paths: Sequence[Path],
     steps: Sequence[int] | None = None,
+    traces: Mapping[str, Trace] | None = None,
 ) -> dict[str, np.ndarray]:
     from loom.predict.onnx_model import OnnxRegressor
 
-    path = root / f"predictions-{_workload_key(workload, steps)}.npz"
+    path = root / f"predictions-{_workload_key(workload, steps, traces)}.npz"
     if path.exists():
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
     models = [OnnxRegressor(p) for p in paths]
     out = totals_by(
-        workload, lambda trace: models[fold_of(prompt_of(trace), budget.folds, budget.seed)], steps
+        workload, lambda trace: models[fold_of(prompt_of(trace), budget.folds, budget.seed)], steps, traces
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
@@ -266,11 +275,16 @@ def _predict(
 
 
 def totals_by(
-    workload: Workload, model_of: Callable[[Trace], Any], steps: Sequence[int] | None = None
+    workload: Workload,
+    model_of: Callable[[Trace], Any],
+    steps: Sequence[int] | None = None,
+    traces: Mapping[str, Trace] | None = None,
 ) -> dict[str, np.ndarray]:
     """Each trajectory's predicted total after 0 .. n - 1 calls (or at ``steps``, NaN elsewhere) by the
-    exported model ``model_of`` its recorded trace (an ``OnnxRegressor``), in batches per model."""
-    traces = _all_traces()
+    exported model ``model_of`` its recorded trace (an ``OnnxRegressor``), in batches per model; the
+    recorded runs the trace sets' unless ``traces`` are given."""
+    if traces is None:
+        traces = _all_traces()
     by_model: dict[int, tuple[Any, list[tuple[str, int, _Query]]]] = {}
     cache: dict[str, list[int]] = {}
     for t in workload.trajectories:

@@ -30,6 +30,7 @@ from loom.predict import combine
 from loom.predict.combine import Known, Row
 from loom.workloads import WORKLOADS
 from loom.workloads.base import Workload, WorkTraj
+from loom.workloads.recorded import Recorded
 
 # Samples per prompt, per workload: the benchmarks' groups (search and tool use hold 5 and 4 recorded trials).
 GROUP = {"coding": 16, "search": 5, "tool_use": 4}
@@ -167,6 +168,27 @@ def served(
     """The workload's text-model estimates (cross-fitted) with the fold combiners that serve them, and their
     error at admission as a first epoch knows it (``combine.admission_fit``)."""
     return _with_combiners(cross_fitted(workload, budget, log), budget, prompts, log, workload.name)
+
+
+def for_file(
+    rec: Recorded,
+    workload: Workload,
+    budget: Budget,
+    prompts: Mapping[str, int | None] = ROW_PROMPTS,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Learned, str]:
+    """What the predictor serves ``workload``, a batch (or every step) of the rollout-trace file ``rec``, and
+    what the report calls it: where the file has text, the text model reads it (each trajectory by the fold
+    model that never saw its prompt, as on the trace sets: a built-in set written out is served as it is
+    built in) under the fold combiners; where it has lengths alone, what they allow (``lengths_only``)."""
+    if not rec.has_text:
+        return lengths_only(budget, prompts, log), "learned (lengths only)"
+    # Its error at admission is that of the workload its trajectories name, where they name one (a built-in
+    # set written out), else the pooled error of a workload the combiners never saw.
+    tasks = {t.task or workload.name for t in workload.trajectories}
+    name = tasks.pop() if len(tasks) == 1 else workload.name
+    text = cross_fitted(workload, budget, log, traces=rec.traces)
+    return _with_combiners(text, budget, prompts, log, name), "learned"
 
 
 def lengths_only(
