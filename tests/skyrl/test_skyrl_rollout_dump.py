@@ -15,12 +15,11 @@ import pytest
 
 from loom.data import importers
 from loom.data import rollout_trace as rt
-from tests.e2e.conftest import LOOM
+from tests.trace_import import imports_and_replays
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("skyrl") is None, reason="SkyRL (make install) is absent"
 )
-GPUS = ("--gpus", "8", "--json")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,30 +48,7 @@ def test_a_skyrl_rollout_dump_imports_and_replays(tmp_path: Path) -> None:
         assert [[x.context_tokens, x.output_tokens] for x in t.turns] == w["calls"]
         assert [x.finish_reason for x in t.turns] == ["stop"] * (len(t.turns) - 1) + [None]
     # A group is a prompt's samples at one step, named by its token ids: the same at the next step.
-    groups = [t.group for t in trajectories]
-    assert len(set(groups)) == 2 and groups[:6] == groups[6:]
-    assert [t.sample for t in trajectories[:6]] == [0, 1, 2, 0, 1, 2]
-
-    out = tmp_path / "skyrl.jsonl"
-    imp = subprocess.run(
-        [LOOM, "trace", "import", "skyrl", str(dump), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert imp.returncode == 0, imp.stderr
-    assert rt.read(out) == trajectories
-    bench = subprocess.run(
-        [LOOM, "bench", "rollout", "--workload", str(out), "--step", "all", "--predictor", "history", *GPUS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    replay = json.loads(bench.stdout.strip().splitlines()[-1])
-    assert replay["file"]["step"] == [1, 2] and replay["trajectories"] == 12
-    assert replay["output_tokens"] == sum(x.output_tokens for t in trajectories for x in t.turns)
+    imports_and_replays("skyrl", dump, trajectories, tmp_path / "skyrl.jsonl")
 
 
 def test_a_skyrl_dump_that_is_not_one_is_an_error_naming_it(tmp_path: Path) -> None:

@@ -20,9 +20,8 @@ import torch
 
 from loom.data import importers
 from loom.data import rollout_trace as rt
-from tests.e2e.conftest import LOOM
+from tests.trace_import import imports_and_replays
 
-GPUS = ("--gpus", "8", "--json")
 HERE = Path(__file__).resolve().parent
 ROLLOUTS = HERE / "rollouts"
 
@@ -37,9 +36,6 @@ def _check(trajectories: list[rt.Trajectory], written: list[dict[str, object]]) 
         # The tools' seconds, one figure per sample, shared among its tool calls (unknown where slime says 0).
         env = [x.env_s for x in t.turns]
         assert (sum(env) if w["env_s"] else env) == pytest.approx(w["env_s"] or [None] * len(t.turns))
-    groups = [t.group for t in trajectories]
-    assert len(set(groups)) == 2 and groups[:6] == groups[6:]
-    assert [t.sample for t in trajectories[:6]] == [0, 1, 2, 0, 1, 2]
 
 
 def test_a_slime_rollout_dump_imports_and_replays(tmp_path: Path) -> None:
@@ -48,26 +44,7 @@ def test_a_slime_rollout_dump_imports_and_replays(tmp_path: Path) -> None:
     assert all(t.prompt and t.prompt.startswith("<|im_start|>user") for t in trajectories)
     assert [t.turns[0].action is not None for t in trajectories] == [len(t.turns) == 1 for t in trajectories]
 
-    out = tmp_path / "slime.jsonl"
-    imp = subprocess.run(
-        [LOOM, "trace", "import", "slime", str(ROLLOUTS), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert imp.returncode == 0, imp.stderr
-    assert rt.read(out) == trajectories
-    bench = subprocess.run(
-        [LOOM, "bench", "rollout", "--workload", str(out), "--step", "all", "--predictor", "history", *GPUS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    replay = json.loads(bench.stdout.strip().splitlines()[-1])
-    assert replay["file"]["step"] == [1, 2] and replay["trajectories"] == 12
-    assert replay["output_tokens"] == sum(x.output_tokens for t in trajectories for x in t.turns)
+    imports_and_replays("slime", ROLLOUTS, trajectories, tmp_path / "slime.jsonl")
 
 
 @pytest.mark.skipif(not os.environ.get("LOOM_SLIME_SRC"), reason="LOOM_SLIME_SRC names no slime checkout")

@@ -5,7 +5,6 @@ of GRPO groups, then imported and replayed by ``loom bench rollout --workload``.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch
 from loom.data import importers
 from loom.data import rollout_trace as rt
 from loom.text.tokenizer import count_tokens, hf_tokenizer
-from tests.e2e.conftest import LOOM
+from tests.trace_import import imports_and_replays
 
 PROMPTS = ["What is 17 * 3? Think step by step.", "Name the capital of France and spell it backwards."]
 GROUP = 3
@@ -75,44 +74,7 @@ def test_a_verl_rollout_dump_imports_and_replays(tmp_path: Path) -> None:
             count_tokens(prompt),
             count_tokens(response),
         )
-    # A group is a prompt's samples at one step; the same prompt at the next step is the same group.
-    groups = [t.group for t in trajectories]
-    assert len(set(groups)) == 2 and groups[:6] == groups[6:]
-    assert [t.sample for t in trajectories[:6]] == [0, 1, 2, 0, 1, 2]
-
-    out = tmp_path / "verl.jsonl"
-    r = subprocess.run(
-        [LOOM, "trace", "import", "verl", str(dump), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    assert rt.read(out) == trajectories
-    bench = subprocess.run(
-        [
-            LOOM,
-            "bench",
-            "rollout",
-            "--workload",
-            str(out),
-            "--step",
-            "all",
-            "--predictor",
-            "history",
-            "--gpus",
-            "8",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    replay = json.loads(bench.stdout.strip().splitlines()[-1])
-    assert replay["file"]["step"] == [1, 2] and replay["trajectories"] == 12
-    assert replay["output_tokens"] == sum(t.turns[0].output_tokens for t in trajectories)
+    imports_and_replays("verl", dump, trajectories, tmp_path / "verl.jsonl")
 
     bad = dump / "3.jsonl"
     bad.write_text(json.dumps({"input": "x", "output": 5, "step": 3}) + "\n")
