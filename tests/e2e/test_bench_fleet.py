@@ -21,10 +21,10 @@ SERVICES = ("scheduler", "router", "predictor", "envmgr", "reward")
 def test_bench_fleet_quick_reports_the_control_plane() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     r = subprocess.run(
-        [LOOM, "bench", "fleet", "--quick", "--json"],
+        [LOOM, "bench", "fleet", "--quick", "--repeat", "2", "--json"],
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=220,
         check=False,
     )
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
@@ -54,3 +54,12 @@ def test_bench_fleet_quick_reports_the_control_plane() -> None:
     assert all(r["peak_calls_per_gpu_s"] >= r["calls_per_gpu_s"] > 0 for r in out["call_rates"].values())
     assert out["max_gpus_served"] == min(w["at_peak"] for w in run["by_workload"].values())
     assert "max_gpus_derivation" in out
+    # Repeated on fresh stacks: the median run reported, each headline figure's runs, median and range.
+    assert out["repeat"] == 2 and out["spread"] == run["repeats"]
+    calls = out["spread"]["calls_per_s"]
+    assert len(calls["runs"]) == 2 and calls["min"] <= run["calls_per_s"] <= calls["max"]
+    assert run["calls_per_s"] == pytest.approx(min(calls["runs"]), abs=1e-3)  # the lower middle of two
+    assert out["spread"]["max_gpus_served"]["median"] > 0
+    # What it ran on, to tell the machine's figure from the code's.
+    m = out["machine"]
+    assert m["cpus_usable"] >= 1 and m["cpu"] and m["nats_server"].startswith("nats-server")

@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +61,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.machine import machine, median_run, spread
 from loom.bench.registry import Benchmark
 from loom.data.traces import load_traces
 from loom.identity import nats_auth
@@ -78,7 +80,7 @@ from loom.protocol import (
 from loom.runtime import bus
 from loom.runtime.healthcheck import gather
 from loom.runtime.lifecycle import free_port
-from loom.runtime.natsserver import NatsCluster, NatsServer
+from loom.runtime.natsserver import NatsCluster, NatsServer, NatsServerError, find_binary
 from loom.runtime.supervisor import ProcSpec, Supervisor
 
 SERVICES = ("scheduler", "router", "predictor", "envmgr", "reward")
@@ -109,6 +111,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-hz", type=float, default=10.0, help="router probes per second (10)")
     p.add_argument(
         "--keep", default=None, help="keep each run's home (logs, NATS store) under this directory"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs of each NATS mode, each on a fresh stack (3; quick 1): the median run is reported, every"
+        " headline figure's median, range and spread beside it",
     )
 
 
@@ -779,6 +788,21 @@ def _print(out: dict[str, Any]) -> None:
     for part in PARTS:
         c.add_row(part, *(f"{r['cpu_s_per_1k_calls'][part]:.3f} ({r['cores'][part]:.2f})" for r in runs))
     con.print(c)
+    m = out["machine"]
+    con.print(
+        f"ran on {m['cpu']}, {m['cpus_usable']} of {m['cpus']} CPUs usable, {m['memory_gib']} GiB, load "
+        f"{m['load_1m_at_start']} at the start; {m['nats_server']}"
+    )
+    for r in runs:
+        figs = r["repeats"]
+        con.print(
+            f"{r['nats']}, {out['repeat']} run(s), the median run shown: "
+            + ", ".join(
+                f"{name} {f['median']:,} ({f['min']:,}-{f['max']:,}, spread {f['spread']})"
+                for name, f in figs.items()
+                if name in ("calls_per_s", "max_gpus_served", "router_overhead_p99_ms")
+            )
+        )
     con.print(
         f"saturates first: {out['saturates_first']} (of the single-instance services: "
         f"{out['saturates_first_unsharded']}); {out['max_gpus_derivation']}"
@@ -801,18 +825,25 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     modes = {"both": ["single", "cluster"], "single": ["single"], "cluster": ["cluster"]}[
         args.nats or ("single" if quick else "both")
     ]
+    repeat = args.repeat or (1 if quick else 3)
+    if repeat < 1:
+        raise SystemExit("--repeat: at least 1")
+    ran_on = machine(nats_server=_nats_version())
     rates = await asyncio.to_thread(call_rates, quick)
     spec = job_spec(sizes, len(load_traces(None)))
     runs: dict[str, dict[str, Any]] = {}
     for mode in modes:
-        if args.keep:
-            home = Path(args.keep) / mode
-            home.mkdir(parents=True, exist_ok=True)
-            runs[mode] = await _run_stack(mode, sizes, home, spec, quick)
-        else:
-            with tempfile.TemporaryDirectory(prefix=f"loom-bench-fleet-{mode}-") as tmp:
-                runs[mode] = await _run_stack(mode, sizes, Path(tmp), spec, quick)
-        runs[mode].update(max_gpus(runs[mode], rates))
+        tries = []
+        for i in range(repeat):
+            if args.keep:
+                home = Path(args.keep) / (mode if repeat == 1 else f"{mode}-{i}")
+                home.mkdir(parents=True, exist_ok=True)
+                tries.append(await _run_stack(mode, sizes, home, spec, quick))
+            else:
+                with tempfile.TemporaryDirectory(prefix=f"loom-bench-fleet-{mode}-") as tmp:
+                    tries.append(await _run_stack(mode, sizes, Path(tmp), spec, quick))
+            tries[-1].update(max_gpus(tries[-1], rates))
+        runs[mode] = {**median_run(tries, lambda r: r["calls_per_s"]), "repeats": repeats(tries)}
     top = runs.get("cluster") or runs["single"]
     worst = min(rates, key=lambda w: top["by_workload"][w]["at_peak"])
     out: dict[str, Any] = {
@@ -825,6 +856,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "policy": sizes.policy,
         "shared_connection": sizes.shared_connection,
         "call_rates": rates,
+        "repeat": repeat,
+        "spread": top["repeats"],
+        "machine": ran_on,
         **runs,
     }
     if "single" in runs and "cluster" in runs:
@@ -844,6 +878,32 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     return out
+
+
+# The headline figures a repeat reports the median and range of (the rest are the median run's).
+REPEATED: dict[str, Callable[[dict[str, Any]], float]] = {
+    "calls_per_s": lambda r: r["calls_per_s"],
+    "calls_per_s_job": lambda r: r["calls_per_s_job"],
+    "router_overhead_p50_ms": lambda r: r["router_overhead_ms"]["p50"],
+    "router_overhead_p99_ms": lambda r: r["router_overhead_ms"]["p99"],
+    "intake_traj_per_s": lambda r: r["intake_traj_per_s"],
+    "router_cpu_ms_per_call": lambda r: r["router_cpu_ms_per_call"],
+    "max_gpus_served": lambda r: r["max_gpus_served"],
+}
+
+
+def repeats(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {name: spread([float(fig(r)) for r in tries]) for name, fig in REPEATED.items()}
+
+
+def _nats_version() -> str:
+    try:
+        r = subprocess.run(
+            [find_binary(), "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError, NatsServerError) as e:
+        return f"unknown ({e})"
+    return r.stdout.strip() or r.stderr.strip()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
