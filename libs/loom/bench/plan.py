@@ -131,9 +131,9 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     if sweep["gpus"][0] <= saturates <= sweep["gpus"][-1]:
         ax.axvline(saturates, color="grey", ls="--", lw=1, label="bound saturates")
     elif saturates < sweep["gpus"][0]:
-        title += f" (the critical path bounds it below {sweep['gpus'][0]} GPUs)"
+        title += f"\nthe bound saturates below {sweep['gpus'][0]} GPUs: its critical path sets it"
     else:
-        title += f" (bound saturates at {saturates:,.0f} GPUs)"
+        title += f"\nthe bound saturates at {saturates:,.0f} GPUs"
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(sweep["gpus"], [str(g) for g in sweep["gpus"]])
@@ -141,7 +141,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("GPUs")
     ax.set_ylabel("makespan (s)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)  # two lines: the workload, then where it saturates
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
