@@ -207,7 +207,7 @@ class EnvManager:
         if job_id in self.cancelled_jobs:
             return True
         try:
-            entry = await self.kv_jobs.get(job_id)
+            entry = await through_failover(lambda: self.kv_jobs.get(job_id))
         except KeyNotFoundError:
             return False
         if entry.value and decode(entry.value, Job).state in TERMINAL_JOB_STATES:
@@ -217,7 +217,7 @@ class EnvManager:
 
     async def _traj_done(self, key: str) -> bool:
         try:
-            entry = await self.kv_traj.get(key)
+            entry = await through_failover(lambda: self.kv_traj.get(key))
         except KeyNotFoundError:
             return False
         return entry.value is not None and decode(entry.value, TrajMeta).state in ("done", "failed")

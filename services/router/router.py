@@ -182,7 +182,8 @@ class Router:
         policy = PRESETS["round_robin"]  # requests of a job the scheduler never stored
         affinity = None
         try:
-            entry = await self.kv_jobs.get(job_id)
+            # Reads, so done again through a leader election (a timed-out read failed a trajectory).
+            entry = await through_failover(lambda: self.kv_jobs.get(job_id))
             if entry.value:
                 spec = decode(entry.value, Job).spec
                 policy, affinity = spec.policy.resolved(), spec.hw_affinity
@@ -198,7 +199,7 @@ class Router:
     async def _load_plan(self, job_id: str, jr: JobRouting) -> None:
         """A restarted router picks the migration plan up from KV."""
         try:
-            entry = await self.kv_traj.get(kv_key(job_id, PLAN_KEY))
+            entry = await through_failover(lambda: self.kv_traj.get(kv_key(job_id, PLAN_KEY)))
         except KeyNotFoundError:
             return
         if entry.value:
@@ -296,7 +297,7 @@ class Router:
         w = self.placement.get(key)
         if w is None:
             try:
-                entry = await self.kv_traj.get(key)
+                entry = await through_failover(lambda: self.kv_traj.get(key))
                 if entry.value:
                     w = decode(entry.value, TrajMeta).worker_id
             except (KeyNotFoundError, DecodeError):

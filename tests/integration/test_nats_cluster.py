@@ -14,11 +14,12 @@ import pytest
 from nats.errors import NoServersError
 
 from loom.identity import nats_auth
-from loom.protocol import Trajectory, WorkerInfo, encode, subjects
+from loom.protocol import PRESETS, Trajectory, WorkerInfo, encode, subjects
 from loom.runtime import bus, results
 from loom.runtime.natsserver import NatsCluster, NatsServer
 from loom.runtime.workers import ContextLimits
 from services.reward.store import store
+from services.router.router import Router
 
 
 async def _leader(js, stream: str) -> str:  # type: ignore[no-untyped-def]
@@ -114,7 +115,8 @@ async def test_what_a_trajectory_reads_and_stores_goes_on_through_a_leader_kill(
     result, stored once scored) while the streams they use elect a new leader: none fails. The context-limit
     read raised a nats timeout here and ended its trajectory as failed (the likely cause of the HA e2e test's
     job completing with 11 of 12); the store failed with "no response from stream", spending the reward
-    request's deliveries."""
+    request's deliveries. Then the router's read of a job's routing, before it routes its first call: a
+    nats timeout there answered the call "internal" and failed its trajectory (the HA test, 11 of 12 again)."""
     monkeypatch.setenv("LOOM_JS_REPLICAS", "3")
     cluster = NatsCluster(tmp_path / "nats")
     url = await cluster.start()
@@ -129,6 +131,9 @@ async def test_what_a_trajectory_reads_and_stores_goes_on_through_a_leader_kill(
         await bus.ensure_streams(admin)
         workers = await admin.key_value(subjects.KV_WORKERS)
         kv_traj = await js.key_value(subjects.KV_TRAJ)
+        # The router as far as its job read goes: the buckets it reads, on the short-timeout side.
+        router = Router.__new__(Router)
+        router.jobs, router.kv_jobs, router.kv_traj = {}, await js.key_value(subjects.KV_JOBS), kv_traj
 
         async def heartbeat() -> None:
             now = time.time()
@@ -144,7 +149,7 @@ async def test_what_a_trajectory_reads_and_stores_goes_on_through_a_leader_kill(
         beating = asyncio.create_task(heartbeats())
         limits = ContextLimits(js, ttl_s=0.0)
         assert await limits.of("m") == 4096
-        for stream in (f"KV_{subjects.KV_WORKERS}", subjects.STREAM_RESULTS):
+        for stream in (f"KV_{subjects.KV_WORKERS}", subjects.STREAM_RESULTS, f"KV_{subjects.KV_JOBS}"):
             leader = await _leader(admin, stream)
             victim = next(s for s in cluster.servers if s.cluster and s.cluster.server_name == leader)
             assert victim.proc is not None
@@ -156,11 +161,13 @@ async def test_what_a_trajectory_reads_and_stores_goes_on_through_a_leader_kill(
                 )
                 assert await limits.of("m") == 4096
                 assert await store(js, kv_traj, nc, traj, 1.0)
+                # A job the scheduler never stored is routed round robin; the read must answer to say so.
+                assert (await router._job(f"j{stream}{i}")).policy == PRESETS["round_robin"]
                 await asyncio.sleep(0.1)
             # Back and current before the next kill: two of three down would take the cluster's majority.
             await NatsCluster.ready(victim, 30)
             assert victim.restarts == restarts + 1
-        assert await results.count_results(admin, "j") == 40
+        assert await results.count_results(admin, "j") == 60
     finally:
         if beating is not None:
             beating.cancel()
