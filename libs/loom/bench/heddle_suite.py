@@ -293,13 +293,15 @@ def speculation_for(workload: str, quick: bool) -> tuple[Rates, dict[str, Any]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     wall0 = time.perf_counter()
     names: tuple[str, ...] = WORKLOAD_NAMES
+    files: dict[str, recorded.Recorded] = {}  # a --workload file, read once here (each cell process reads it)
     if args.workload:
         if args.speculative:
             raise SystemExit(
                 "heddle-suite: --speculative drafts from the built-in traces' text, not a --workload file"
             )
         try:
-            recorded.load(args.workload).step(args.step)
+            files[args.workload] = recorded.load(args.workload)
+            files[args.workload].step(args.step)
         except (ValueError, OSError) as e:  # a malformed line names its line and field
             raise SystemExit(f"--workload: {e}") from None
         names = (args.workload,)
@@ -311,13 +313,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jobs = args.jobs or max(1, min(len(plan.cells), os.cpu_count() or 1))
     prompts = {c: prompts_for(c.workload, c.model, c.gpus, plan.quick) for c in plan.cells}
     # Every cell's batch is a prefix of its workload's largest in the plan: one cross-fitting covers them all.
-    largest = {w: workload_of(w, _most(plan, prompts, w), plan.seed, args.step)[0] for w in names}
+    largest = {
+        w: files[w].batch(args.step, _most(plan, prompts, w))
+        if w in files
+        else workload_of(w, _most(plan, prompts, w), plan.seed)[0]
+        for w in names
+    }
     budget = learned_budget(plan.quick, args.predictor_steps, plan.seed)
     rows = QUICK_ROW_PROMPTS if plan.quick else ROW_PROMPTS
     learned = {
-        w: served(workload, budget, rows)
-        if w in WORKLOADS
-        else for_file(recorded.load(w), workload, budget, rows)[0]
+        w: for_file(files[w], workload, budget, rows)[0] if w in files else served(workload, budget, rows)
         for w, workload in largest.items()
     }
     work = [

@@ -21,11 +21,15 @@ class Recorded:
 
     name: str
     steps: dict[int, Workload]
-    has_text: bool  # every trajectory carries its prompt's and its calls' text
     turns: int
     turns_without_env_s: int  # turns whose environment time the file does not give (replayed as 0 s)
     # Where the file has text: each trajectory's as the text model reads a recorded run (by ``WorkTraj.trace``).
     traces: dict[str, Trace] = field(default_factory=dict)
+
+    @property
+    def has_text(self) -> bool:
+        """Every trajectory carries its prompt's and its calls' text (a file is never empty)."""
+        return bool(self.traces)
 
     def step(self, step: int | None = None) -> tuple[int, Workload]:
         """The batch of training step ``step`` (None: the first the file holds)."""
@@ -83,7 +87,7 @@ def load(path: str | Path, name: str | None = None) -> Recorded:
                 )
             )
         steps[step] = w
-    return Recorded(label, steps, text, sum(len(t.turns) for t in trajectories), missing, traces)
+    return Recorded(label, steps, sum(len(t.turns) for t in trajectories), missing, traces)
 
 
 def _trace(t: rt.Trajectory) -> Trace:

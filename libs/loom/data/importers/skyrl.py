@@ -117,7 +117,7 @@ def _step(f: Path, step: int, state: dict[str, Any]) -> Iterator[rt.Trajectory]:
             n_resp = int(resp[r].sum())
             real = seqs[r][attn[r].astype(bool)]
             prompt = len(real) - n_resp
-            mask = loss[r][len(loss[r]) - n_resp :] if n_resp else loss[r][:0]
+            mask = loss[r][len(loss[r]) - n_resp :]
             group = group_name(real[:prompt].astype("<i8").tobytes())
             turns = [
                 rt.Turn(c, o, finish_reason="stop" if followed else None)

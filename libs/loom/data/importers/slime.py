@@ -99,12 +99,12 @@ def _rollout(f: Path, step: int, samples: list[Any]) -> Iterator[rt.Trajectory]:
     for i, s in enumerate(samples):
         status = _field(s, "status", (str,), f, i)  # first: a sample that is not a dict fails here
         where = f"{f}: sample {i}"
-        raw = s.get("tokens")
-        tokens = _ints(raw if hasattr(raw, "tolist") else _field(s, "tokens", (list,), f, i))
+        raw = s.get("tokens")  # a list, or a tensor: only its length is read
+        tokens = len(raw if hasattr(raw, "tolist") else _field(s, "tokens", (list,), f, i))
         response = _field(s, "response_length", (int,), f, i)
-        if not 0 <= response <= len(tokens):
+        if not 0 <= response <= tokens:
             raise rt.TraceFormatError(
-                f"{where}: response_length {response} outside its {len(tokens)} tokens"
+                f"{where}: response_length {response} outside its {tokens} tokens"
                 f" - at `$.samples[{i}].response_length`"
             )
         mask = s.get("loss_mask")
@@ -127,7 +127,7 @@ def _rollout(f: Path, step: int, samples: list[Any]) -> Iterator[rt.Trajectory]:
             rt.SCHEMA,
             group,
             sample,
-            _turns(len(tokens) - response, mask, status, s),
+            _turns(tokens - response, mask, status, s),
             step=step,
             reward=float(s["reward"]) if isinstance(s.get("reward"), int | float) else None,
             prompt=prompt or None,
