@@ -374,6 +374,51 @@ def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) ->
     assert set(out["prediction_quality"]) == {str(trace)}
     assert set(out["prediction_quality"][str(trace)]) >= {"step0", "step2"}
     assert (tmp_path / "suite" / "report.md").exists()
+    # --against an earlier run: the same cells again (the same seed and cached models: the same figures), against
+    # a copy in which Loom's 14B cell was 5% faster: that cell, and only it, lost more than 1%.
+    earlier = json.loads((tmp_path / "suite" / "results.json").read_text())
+    loom = earlier["overall"][str(trace)]["qwen3-14b"]["systems"]["heddle"]
+    loom["throughput_tok_s"] *= 1.05
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    again = _bench(
+        "heddle-suite",
+        "--quick",
+        "--workload",
+        str(trace),
+        "--out",
+        str(tmp_path / "again"),
+        "--against",
+        str(tmp_path / "earlier.json"),
+        "--no-plots",
+        timeout=300,
+    )["against"]
+    cell = f"overall/{trace}/qwen3-14b/heddle"
+    assert again["compared"] == len(again["cells"]) == 3 * 4 + 4 + 3 + 3 + 4  # overall; the ablations
+    assert again["losing"] == [{"cell": cell, "ratio": pytest.approx(1 / 1.05, abs=1e-4)}]
+    assert all(r == 1.0 for c, r in again["cells"].items() if c != cell)
+    assert again["headlines"]["min_ceiling_share"] == {
+        "before": out["min_ceiling_share"],
+        "now": out["min_ceiling_share"],
+    }
+    r = subprocess.run(  # another cluster's run: refused before the run, naming both sizes
+        [
+            LOOM,
+            "bench",
+            "heddle-suite",
+            "--quick",
+            "--gpus",
+            "16",
+            "--workload",
+            str(trace),
+            "--against",
+            str(tmp_path / "earlier.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode != 0 and "a run on 8 GPUs" in r.stderr and "this one on 16" in r.stderr
     trace.write_text(trace.read_text().replace('"sample":', '"sample":"x",', 1).replace('"x",0', '"x"', 1))
     r = subprocess.run(
         [LOOM, "bench", "heddle-suite", "--quick", "--workload", str(trace)],

@@ -44,6 +44,7 @@ from loom.bench.registry import Benchmark
 from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
 from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
 from loom.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
+from loom.bench.suite_compare import compare, load_previous
 from loom.engine.sim.core import Speculation
 from loom.protocol import PolicySpec
 from loom.workloads import WORKLOADS, Workload, recorded
@@ -147,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "as recorded; the learned predictor reads its text, or where it has none, serves what lengths allow)",
     )
     p.add_argument("--step", type=int, default=None, help="the file's training step (default its first)")
+    p.add_argument(
+        "--against",
+        default=None,
+        help="an earlier run's results.json (same GPUs): every cell now over then, and the cells that lost "
+        "more than 1%%",
+    )
 
 
 def prompts_for(workload: str, model: str, gpus: int, quick: bool) -> int | None:
@@ -306,6 +313,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--workload: {e}") from None
         names = (args.workload,)
     plan, layout = build_plan(args.quick, args.gpus, args.seed, args.speculative, names)
+    try:  # read before the run: a wrong file should not cost the run first
+        previous = load_previous(args.against, plan.gpus, plan.ablation_gpus) if args.against else None
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     drafting = {w: speculation_for(w, plan.quick) for w in names} if args.speculative else {}
     # Timelines (active trajectories, Gantt) are kept for the cells the plots draw.
     drawn = {c for w in names for s, c in layout["overall"][w][ABLATION_MODEL].items() if s != ORACLE}
@@ -370,6 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["prediction_quality"] = {
         w: prediction_quality(largest[w], learned[w]) for w in names if learned[w].totals
     }
+    if previous is not None:
+        out["against"] = {"file": args.against, **compare(previous, out)}
     out["wall_s"] = round(time.perf_counter() - wall0, 1)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -635,6 +648,13 @@ def _print(out: dict[str, Any]) -> None:
         f"Every cell over its best baseline: at least {out['min_ratio_vs_best']}x (want >= 1.2); the learned "
         f"predictor keeps at least {out['min_learned_share']} of the oracle's gain (want >= 0.8)"
     )
+    if "against" in out:
+        a = out["against"]
+        lost = ", ".join(f"{x['cell']} {x['ratio']:.3f}" for x in a["losing"]) or "none"
+        Console().print(
+            f"Against {a['file']}: {a['compared']} cells compared, worst {a['worst']}; lost more than "
+            f"{a['tolerance']:.0%}: {lost}"
+        )
 
 
 BENCHMARK = Benchmark(

@@ -1,0 +1,68 @@
+"""``loom bench heddle-suite --against RESULTS``: this run's cells against an earlier run's, cell by cell.
+
+A change to a policy, the predictor or the engine model moves every cell, and a headline (the least ratio,
+the learned share) hides which: this compares each cell's throughput with the same cell of an earlier
+``results.json`` (the suite writes one to ``--out``), names every cell that lost more than ``TOLERANCE``,
+and gives the headlines before and now. Issue 49's bar is that no cell loses more than 1% against the
+release.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TOLERANCE = 0.01
+ABLATIONS = ("scheduling", "placement", "resources", "prediction")
+HEADLINES = ("min_ratio_vs_best", "min_learned_share", "min_ceiling_share")
+
+
+def load_previous(path: str, gpus: int, ablation_gpus: int) -> dict[str, Any]:
+    """An earlier run's results, refused where its cells are not this run's (another cluster size)."""
+    try:
+        prev: dict[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--against {path}: {e}") from None
+    if not isinstance(prev, dict) or prev.get("benchmark") != "heddle-suite" or "overall" not in prev:
+        raise ValueError(f"--against {path}: not the results.json of a heddle-suite run")
+    if (prev.get("gpus"), prev.get("ablation_gpus")) != (gpus, ablation_gpus):
+        raise ValueError(
+            f"--against {path}: a run on {prev.get('gpus')} GPUs ({prev.get('ablation_gpus')} for the "
+            f"ablations), this one on {gpus} ({ablation_gpus}): its cells are not this run's"
+        )
+    return prev
+
+
+def cell_throughputs(results: dict[str, Any]) -> dict[str, float]:
+    """Every cell's throughput by name: ``overall/<workload>/<model>/<system>``, ``<ablation>/<workload>/<variant>``."""
+    out = {
+        f"overall/{w}/{m}/{s}": float(r["throughput_tok_s"])
+        for w, by_model in results["overall"].items()
+        for m, cell in by_model.items()
+        for s, r in cell["systems"].items()
+    }
+    for exp in ABLATIONS:
+        for w, runs in results.get(exp, {}).items():
+            out.update({f"{exp}/{w}/{v}": float(r["throughput_tok_s"]) for v, r in runs.items()})
+    return out
+
+
+def compare(prev: dict[str, Any], cur: dict[str, Any], tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """Each cell both runs hold: now over before. ``losing``: the cells below ``1 - tolerance``, worst
+    first; the baselines' cells move only with the engine model, Loom's with everything."""
+    before, now = cell_throughputs(prev), cell_throughputs(cur)
+    common = [c for c in now if c in before and before[c] > 0]
+    ratios = {c: round(now[c] / before[c], 4) for c in common}
+    losing = sorted((c for c in common if ratios[c] < 1 - tolerance), key=lambda c: (ratios[c], c))
+    worst = min(common, key=lambda c: (ratios[c], c)) if common else None
+    return {
+        "cells": ratios,
+        "compared": len(common),
+        "only_now": sorted(set(now) - set(before)),
+        "only_before": sorted(set(before) - set(now)),
+        "tolerance": tolerance,
+        "losing": [{"cell": c, "ratio": ratios[c]} for c in losing],
+        "worst": None if worst is None else {"cell": worst, "ratio": ratios[worst]},
+        "headlines": {h: {"before": prev.get(h), "now": cur.get(h)} for h in HEADLINES},
+    }
