@@ -81,6 +81,8 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Loom's own (learned) last: the ablation plot normalises to the last variant.
 PREDICTORS = {"none": "none", "history": "history", "oracle": "oracle", "learned": "learned"}
+# The ablation experiments, in the order the results, tables and report give them.
+EXPERIMENTS = (*ABLATIONS, "prediction")
 # Loom with exact lengths, beside Loom with its learned predictor in every overall cell: an idealisation.
 ORACLE = "heddle_oracle"
 
@@ -382,7 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w: prediction_quality(largest[w], learned[w]) for w in names if learned[w].totals
     }
     if previous is not None:
-        out["against"] = {"file": args.against, **compare(previous, out)}
+        out["against"] = {"file": args.against, **compare(previous, out, EXPERIMENTS)}
     out["wall_s"] = round(time.perf_counter() - wall0, 1)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -444,7 +446,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
             cell = overall[w][m]
             cell["ceiling_share"] = round(cell["vs_best_baseline"] / cell["ceiling_vs_best"], 3)
     ablations: dict[str, Any] = {}
-    for exp in ("scheduling", "placement", "resources", "prediction"):
+    for exp in EXPERIMENTS:
         ablations[exp] = {}
         for w, cells in layout[exp].items():
             runs = {v: slim(results[c]) for v, c in cells.items()}
@@ -588,7 +590,7 @@ def _print(out: dict[str, Any]) -> None:
                 "-" if cut is None else f"{cut:.0%}",
             )
     Console().print(t)
-    for exp in ("scheduling", "placement", "resources", "prediction"):
+    for exp in EXPERIMENTS:
         t = Table(title=f"{exp} ({ABLATION_MODEL}, {out['ablation_gpus']} GPUs): throughput tok/s")
         t.add_column("workload")
         variants = list(next(iter(out[exp].values())))
@@ -651,8 +653,9 @@ def _print(out: dict[str, Any]) -> None:
     if "against" in out:
         a = out["against"]
         lost = ", ".join(f"{x['cell']} {x['ratio']:.3f}" for x in a["losing"]) or "none"
+        worst = "-" if a["worst"] is None else f"{a['worst']['cell']} {a['worst']['ratio']:.3f}"
         Console().print(
-            f"Against {a['file']}: {a['compared']} cells compared, worst {a['worst']}; lost more than "
+            f"Against {a['file']}: {a['compared']} cells compared, worst {worst}; lost more than "
             f"{a['tolerance']:.0%}: {lost}"
         )
 

@@ -10,11 +10,11 @@ release.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 TOLERANCE = 0.01
-ABLATIONS = ("scheduling", "placement", "resources", "prediction")
 HEADLINES = ("min_ratio_vs_best", "min_learned_share", "min_ceiling_share")
 
 
@@ -34,24 +34,27 @@ def load_previous(path: str, gpus: int, ablation_gpus: int) -> dict[str, Any]:
     return prev
 
 
-def cell_throughputs(results: dict[str, Any]) -> dict[str, float]:
-    """Every cell's throughput by name: ``overall/<workload>/<model>/<system>``, ``<ablation>/<workload>/<variant>``."""
+def cell_throughputs(results: dict[str, Any], experiments: Sequence[str]) -> dict[str, float]:
+    """Every cell's throughput by name: ``overall/<workload>/<model>/<system>``, ``<experiment>/<workload>/<variant>``."""
     out = {
         f"overall/{w}/{m}/{s}": float(r["throughput_tok_s"])
         for w, by_model in results["overall"].items()
         for m, cell in by_model.items()
         for s, r in cell["systems"].items()
     }
-    for exp in ABLATIONS:
+    for exp in experiments:
         for w, runs in results.get(exp, {}).items():
             out.update({f"{exp}/{w}/{v}": float(r["throughput_tok_s"]) for v, r in runs.items()})
     return out
 
 
-def compare(prev: dict[str, Any], cur: dict[str, Any], tolerance: float = TOLERANCE) -> dict[str, Any]:
+def compare(
+    prev: dict[str, Any], cur: dict[str, Any], experiments: Sequence[str], tolerance: float = TOLERANCE
+) -> dict[str, Any]:
     """Each cell both runs hold: now over before. ``losing``: the cells below ``1 - tolerance``, worst
-    first; the baselines' cells move only with the engine model, Loom's with everything."""
-    before, now = cell_throughputs(prev), cell_throughputs(cur)
+    first; the baselines' cells move only with the engine model, Loom's with everything. ``experiments``: the
+    suite's ablations (``heddle_suite.EXPERIMENTS``)."""
+    before, now = cell_throughputs(prev, experiments), cell_throughputs(cur, experiments)
     common = [c for c in now if c in before and before[c] > 0]
     ratios = {c: round(now[c] / before[c], 4) for c in common}
     losing = sorted((c for c in common if ratios[c] < 1 - tolerance), key=lambda c: (ratios[c], c))

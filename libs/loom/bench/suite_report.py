@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from loom.bench.heddle_suite import shown
+from loom.bench.heddle_suite import EXPERIMENTS, shown
 
 SYSTEM_LABEL = {"heddle": "Loom", "verl": "verl", "verl_star": "verl*", "slime": "slime"}
 SHOWN_MODEL = "qwen3-14b"
@@ -59,9 +59,8 @@ def _overall(d: Path, out: dict[str, Any]) -> str:
 
 
 def _ablations(d: Path, out: dict[str, Any]) -> str:
-    exps = ("scheduling", "placement", "resources", "prediction")
-    fig, axes = plt.subplots(1, len(exps), figsize=(5 * len(exps), 3.6))
-    for ax, exp in zip(axes, exps, strict=True):
+    fig, axes = plt.subplots(1, len(EXPERIMENTS), figsize=(5 * len(EXPERIMENTS), 3.6))
+    for ax, exp in zip(axes, EXPERIMENTS, strict=True):
         workloads = list(out[exp])
         variants = list(out[exp][workloads[0]])
         x = np.arange(len(workloads))
@@ -226,7 +225,7 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "part of Loom's policy and keeps the rest.",
         "",
     ]
-    for exp in ("scheduling", "placement", "resources", "prediction"):
+    for exp in EXPERIMENTS:
         variants = list(next(iter(out[exp].values())))
         lines += [
             f"### {exp}",
