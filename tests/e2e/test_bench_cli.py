@@ -142,12 +142,13 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
         "scheduling": {"fcfs", "rr", "autellix", "pps"},
         "placement": {"least_load", "cache_aware", "loom"},
         "resources": {"fixed_1", "fixed_8", "adaptive"},
-        "prediction": {"none", "history", "oracle", "learned"},
+        "prediction": {"none", "history", "oracle", "clairvoyant", "learned"},
     }
     for exp, variants in want.items():
         for runs in out[exp].values():
             assert set(runs) == variants and all(r["throughput_tok_s"] > 0 for r in runs.values())
     assert out["predictor"] == "learned" and set(out["learned_keeps_of_oracle_gain"]) == set(out["overall"])
+    assert set(out["learned_keeps_of_clairvoyant_gain"]) == set(out["overall"])
     assert set(out["prediction_quality"]) == set(out["overall"])
     # Drafting engines: every overall cell again, the same tokens generated, at the workload's measured rates.
     for w, by_model in out["drafting"].items():
@@ -365,7 +366,7 @@ def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) ->
         "heddle-suite", "--quick", "--workload", str(trace), "--out", str(tmp_path / "suite"), timeout=300
     )
     # 3 models x (4 systems + Loom on exact lengths), and the ablations' variants that are not Loom itself.
-    assert list(out["overall"]) == [str(trace)] and out["cells"] == 3 * 5 + 3 + 2 + 2 + 2
+    assert list(out["overall"]) == [str(trace)] and out["cells"] == 3 * 5 + 3 + 2 + 2 + 3
     for c in out["overall"][str(trace)].values():
         assert c["systems"]["heddle"]["trajectories"] == 32
         assert c["ceiling_share"] == pytest.approx(c["vs_best_baseline"] / c["ceiling_vs_best"], abs=2e-3)
@@ -393,7 +394,7 @@ def test_heddle_suite_runs_every_cell_on_a_rollout_trace_file(tmp_path: Path) ->
         timeout=300,
     )["against"]
     cell = f"overall/{trace}/qwen3-14b/heddle"
-    assert again["compared"] == len(again["cells"]) == 3 * 4 + 4 + 3 + 3 + 4  # overall; the ablations
+    assert again["compared"] == len(again["cells"]) == 3 * 4 + 4 + 3 + 3 + 5  # overall; the ablations
     assert again["losing"] == [{"cell": cell, "ratio": pytest.approx(1 / 1.05, abs=1e-4)}]
     assert all(r == 1.0 for c, r in again["cells"].items() if c != cell)
     assert again["headlines"]["min_ceiling_share"] == {

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from loom.bench.harness.bounds import critical_path, lower_bound, throughput_bound
 from loom.bench.harness.cluster import Cluster, allocate
 from loom.bench.harness.envs import Faults, redundancy_speedup, with_latency
-from loom.bench.harness.rollout import RolloutResult, run_rollout
+from loom.bench.harness.rollout import RolloutResult, _Predictor, run_rollout
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import coding
 from loom.workloads.base import Workload, WorkStep, WorkTraj
@@ -46,6 +46,19 @@ def test_one_trajectory_alone_runs_at_its_critical_path() -> None:
     r = run_rollout(w, PolicySpec(preset="round_robin").resolved(), cluster)
     assert r.makespan_s == pytest.approx(critical_path(w, cluster), rel=0.05)
     assert lower_bound(w, cluster) >= throughput_bound(w, cluster)
+
+
+def test_the_oracle_knows_tool_latencies_at_their_mean_and_the_clairvoyant_knows_the_draws() -> None:
+    steps = (WorkStep(1000, 200, 3.0, 0.5), WorkStep(1700, 300, 0.25, 0.5), WorkStep(2100, 100, 0.0))
+    w = Workload("one", "", [WorkTraj("t", "p", 0, steps)])
+    cluster = Cluster(gpus=1, model="qwen3-8b")
+    oracle, clairvoyant = _Predictor("oracle"), _Predictor("clairvoyant")
+    assert oracle.tool(w.trajectories[0], cluster, 600.0) == 1.0
+    assert clairvoyant.tool(w.trajectories[0], cluster, 600.0) == 3.25
+    assert oracle.total(w.trajectories[0], 0, 0) == clairvoyant.total(w.trajectories[0], 0, 0) == 600.0
+    for kind in ("oracle", "clairvoyant"):  # either runs the whole trajectory, at the same bound
+        r = run_rollout(w, PRESETS["heddle"], cluster, predictor=kind)
+        assert r.output_tokens == 600 and r.makespan_s >= r.lower_bound_s * (1 - 1e-9)
 
 
 def test_allocation_follows_the_policy() -> None:

@@ -131,6 +131,8 @@ def test_a_built_in_workload_written_in_the_schema_loads_as_it_was(name: str, tm
     assert [(t.id, t.prompt, t.sample, t.steps, t.reward) for t in again.trajectories] == [
         (t.id, t.prompt, t.sample, t.steps, t.reward) for t in w.trajectories
     ]
+    # A file records the times that ran, not the means they were drawn from: its oracle knows them all.
+    assert all(t.expected_tool_s == t.tool_s for t in again.trajectories)
     # Each call's text is the recorded call it replays (a coding sibling drops or repeats some).
     with gzip.open(path) as f:
         first = json.loads(f.readline())

@@ -13,7 +13,11 @@ from loom.data.traces import TraceStep, load_traces
 from loom.text.tokenizer import count_tokens, qwen_tokenizer
 from loom.workloads import coding, search, tool_use
 from loom.workloads.base import MAX_OUTPUT, WorkStep, cap_output
+from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
+from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
 from loom.workloads.siblings import SIGMA_CALLS, SIGMA_PER_CALL, vary, within_group_sigmas
+from loom.workloads.tooluse import TOOL_MEAN_S as TOOL_USE_TOOL_S
+from loom.workloads.tooluse import USER_BASE_S
 from tests.conftest import need_shared
 
 
@@ -110,9 +114,28 @@ def test_tool_use_groups_are_tau_bench_trials() -> None:
 
 
 def test_output_cap_truncates_the_last_call() -> None:
-    steps = [WorkStep(10, 30_000, 1.0), WorkStep(20, 30_000, 1.0), WorkStep(30, 5, 1.0)]
+    steps = [WorkStep(10, 30_000, 1.0, 0.4), WorkStep(20, 30_000, 1.0, 0.4), WorkStep(30, 5, 1.0)]
     capped = cap_output(steps)
     assert [s.output_len for s in capped] == [30_000, MAX_OUTPUT - 30_000] and capped[-1].env_s == 0.0
+    # The kept call keeps its draw and the draw's mean; nothing follows the last, drawn or expected.
+    assert [(s.env_s, s.expected_env_s) for s in capped] == [(1.0, 0.4), (0.0, 0.0)]
+
+
+def test_a_tool_latency_is_a_draw_and_each_step_keeps_its_mean() -> None:
+    """What an exact predictor may know of the environment (the oracle's tool time): a drawn latency at its
+    mean, a time that follows from the step (the simulated user's reply to its text) as it is."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    for w, mean in ((search(prompts=40), SEARCH_TOOL_S), (coding(prompts=20), CODING_TOOL_S)):
+        draws = [s.env_s for t in w.trajectories for s in t.steps[:-1]]
+        assert all(s.expected_env_s == mean for t in w.trajectories for s in t.steps[:-1])
+        assert statistics.mean(draws) == pytest.approx(mean, rel=0.1)  # the draws' mean is the one kept
+        t = max(w.trajectories, key=lambda t: t.tool_s)
+        assert t.expected_tool_s == pytest.approx(mean * (len(t.steps) - 1)) and t.tool_s > t.expected_tool_s
+    w = tool_use()
+    steps = [s for t in w.trajectories for s in t.steps[:-1]]
+    user = [s for s in steps if s.env_s >= USER_BASE_S]
+    assert user and all(s.expected_env_s == s.env_s for s in user)
+    assert all(s.expected_env_s == TOOL_USE_TOOL_S for s in steps if s.env_s < USER_BASE_S)
 
 
 def test_the_mix_interleaves_tagged_groups_of_every_task_within_32k() -> None:

@@ -7,7 +7,9 @@
   threshold, else the longest cached prefix: verl*'s router), cache-aware (each trajectory pinned to one
   worker: verl's) and Loom's presorted DP with migration;
 - resources (Figure 16): fixed MP 1 and 8 against the annealed allocation;
-- prediction (Figure 13's effect on the rollout): no prediction, per-prompt history, oracle lengths.
+- prediction (Figure 13's effect on the rollout): no prediction, per-prompt history, the oracle (each
+  trajectory known exactly, each tool's latency at its mean: the best any predictor could do) and the
+  clairvoyant (the latency draws known too: past any predictor).
 
 Ablations run Qwen3-14B, as the paper's do. The batch is the paper's: 100 trajectories per baseline
 worker (6,400 for 8B and 14B, 3,200 for 32B), or as many as the traces hold (search 1,600, tool use 640).
@@ -80,7 +82,13 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 # Loom's own (learned) last: the ablation plot normalises to the last variant.
-PREDICTORS = {"none": "none", "history": "history", "oracle": "oracle", "learned": "learned"}
+PREDICTORS = {
+    "none": "none",
+    "history": "history",
+    "oracle": "oracle",
+    "clairvoyant": "clairvoyant",
+    "learned": "learned",
+}
 # The ablation experiments, in the order the results, tables and report give them.
 EXPERIMENTS = (*ABLATIONS, "prediction")
 # Loom with exact lengths, beside Loom with its learned predictor in every overall cell: an idealisation.
@@ -459,12 +467,10 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
                 }
                 for v, r in runs.items()
             }
-    # The share of the oracle's gain over no prediction that the learned predictor keeps, per workload.
-    kept = {}
-    for w, runs in ablations["prediction"].items():
-        none, oracle = runs["none"]["throughput_tok_s"], runs["oracle"]["throughput_tok_s"]
-        gain = oracle - none
-        kept[w] = round((runs["learned"]["throughput_tok_s"] - none) / gain, 3) if gain > 0 else None
+    # The share of the oracle's gain over no prediction that the learned predictor keeps, per workload; and
+    # of the clairvoyant's, whose extra gain is foreknowledge of tool latencies no predictor has.
+    kept = {w: _kept(runs, "oracle") for w, runs in ablations["prediction"].items()}
+    kept_clairvoyant = {w: _kept(runs, "clairvoyant") for w, runs in ablations["prediction"].items()}
     main = shown(list(overall), "coding")
     cell = overall[main][ABLATION_MODEL]
     target = {
@@ -496,10 +502,18 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
         "min_ceiling_share": min(c["ceiling_share"] for by_m in overall.values() for c in by_m.values()),
         "min_learned_share": min(shares) if len(shares) == len(kept) else None,
         "learned_keeps_of_oracle_gain": kept,
+        "learned_keeps_of_clairvoyant_gain": kept_clairvoyant,
         "overall": overall,
         **ablations,
         **speculative,
     }
+
+
+def _kept(runs: dict[str, dict[str, Any]], ideal: str) -> float | None:
+    """The share of ``ideal``'s throughput gain over no prediction that the learned predictor keeps."""
+    none = runs["none"]["throughput_tok_s"]
+    gain = runs[ideal]["throughput_tok_s"] - none
+    return round((runs["learned"]["throughput_tok_s"] - none) / gain, 3) if gain > 0 else None
 
 
 def _speculative(

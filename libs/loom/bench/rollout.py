@@ -179,7 +179,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "--predictor",
         choices=PREDICTORS,
         default="learned",
-        help="Loom's learned model, cross-fitted by prompt (default); oracle, history, none: ablations",
+        help="Loom's learned model, cross-fitted by prompt (default); oracle (exact trajectories, tool "
+        "latencies at their mean), clairvoyant (the latencies too), history, none: ablations",
     )
     p.add_argument(
         "--predictor-steps",

@@ -3,6 +3,7 @@ time that follows them."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -32,6 +33,20 @@ class WorkStep:
     input_len: int  # context tokens of the call
     output_len: int  # tokens it generates
     env_s: float  # environment time after it (tool, or user simulator); 0 after the last call
+    # The expectation ``env_s`` is a random draw from (a tool's latency), where it is one; None: ``env_s``
+    # follows from the step itself (a simulated user's reply to its text, a recorded time). Not part of a
+    # step's identity: what ran is the same whatever its generator knew (a trace file records no mean).
+    env_mean_s: float | None = field(default=None, compare=False)
+
+    @property
+    def expected_env_s(self) -> float:
+        """The environment time knowable before it runs: what knowing the trajectory exactly (its calls,
+        their lengths, what each tool returns) tells of it, without the tool's latency draw."""
+        return self.env_s if self.env_mean_s is None else self.env_mean_s
+
+    def without_env(self) -> WorkStep:
+        """The step as a trajectory's last: nothing follows it but scoring."""
+        return WorkStep(self.input_len, self.output_len, 0.0)
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,11 @@ class WorkTraj:
     def tool_s(self) -> float:
         """Seconds in the environment between its calls: the step after the last call only scores it."""
         return sum(s.env_s for s in self.steps[:-1])
+
+    @functools.cached_property
+    def expected_tool_s(self) -> float:
+        """``tool_s`` with each tool latency at its mean: all of it an exact predictor could know."""
+        return sum(s.expected_env_s for s in self.steps[:-1])
 
     @property
     def final_context(self) -> int:
@@ -92,9 +112,19 @@ def group_traces(traces: Iterable[Trace]) -> dict[str, list[Trace]]:
     return out
 
 
-def replay(id: str, prompt: str, sample: int, trace: Trace, env_s: Callable[[TraceStep], float]) -> WorkTraj:
-    """A sample that replays a recorded trajectory call for call, with its own environment times."""
-    steps = [WorkStep(st.prompt_tokens, st.completion_tokens, env_s(st)) for st in trace.steps]
+def replay(
+    id: str,
+    prompt: str,
+    sample: int,
+    trace: Trace,
+    env_s: Callable[[TraceStep], float],
+    env_mean_s: Callable[[TraceStep], float | None] = lambda _: None,
+) -> WorkTraj:
+    """A sample that replays a recorded trajectory call for call, with its own environment times: ``env_s``
+    draws each, ``env_mean_s`` gives the mean of a random draw (None: the time follows from the step)."""
+    steps = [
+        WorkStep(st.prompt_tokens, st.completion_tokens, env_s(st), env_mean_s(st)) for st in trace.steps
+    ]
     reward = 1.0 if trace.resolved else 0.0
     return WorkTraj(id, prompt, sample, cap_output(steps), reward, trace=trace.id)
 
@@ -105,12 +135,11 @@ def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[Wor
     for s in steps:
         n = min(s.output_len, budget)
         budget -= n
-        out.append(WorkStep(s.input_len, max(1, n), s.env_s if budget > 0 else 0.0))
+        out.append(dataclasses.replace(s, output_len=max(1, n)))
         if budget <= 0:
             break
     if out:
-        last = out[-1]
-        out[-1] = WorkStep(last.input_len, last.output_len, 0.0)
+        out[-1] = out[-1].without_env()
     return tuple(out)
 
 
@@ -123,9 +152,9 @@ def cap_context(steps: tuple[WorkStep, ...], max_context: int = ROLLART_CONTEXT)
         if room <= 0:
             break
         if s.output_len >= room:
-            out.append(WorkStep(s.input_len, room, 0.0))
+            out.append(dataclasses.replace(s, output_len=room))
             break
         out.append(s)
-    if out and out[-1].env_s:
-        out[-1] = WorkStep(out[-1].input_len, out[-1].output_len, 0.0)
+    if out:
+        out[-1] = out[-1].without_env()
     return tuple(out)

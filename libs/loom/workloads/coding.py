@@ -38,11 +38,20 @@ def coding(
             tid = f"{trace.id}#{s}"
             if siblings == "replay":
                 w.trajectories.append(
-                    replay(tid, trace.id, s, trace, lambda _: lognormal(rng, TOOL_MEAN_S, TOOL_SIGMA))
+                    replay(
+                        tid,
+                        trace.id,
+                        s,
+                        trace,
+                        lambda _: lognormal(rng, TOOL_MEAN_S, TOOL_SIGMA),
+                        lambda _: TOOL_MEAN_S,
+                    )
                 )
                 continue
             calls = vary(trace.steps, variation)
-            steps = cap_output([WorkStep(i, o, lognormal(rng, TOOL_MEAN_S, TOOL_SIGMA)) for _, i, o in calls])
+            steps = cap_output(
+                [WorkStep(i, o, lognormal(rng, TOOL_MEAN_S, TOOL_SIGMA), TOOL_MEAN_S) for _, i, o in calls]
+            )
             origin = tuple(c[0] for c in calls[: len(steps)])
             reward = 1.0 if trace.resolved else 0.0
             w.trajectories.append(WorkTraj(tid, trace.id, s, steps, reward, trace=trace.id, origin=origin))

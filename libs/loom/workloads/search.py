@@ -33,6 +33,7 @@ def search(
                     s,
                     trace,
                     lambda _: lognormal(rng, TOOL_MEAN_S, TOOL_SIGMA),
+                    lambda _: TOOL_MEAN_S,
                 )
             )
     return w

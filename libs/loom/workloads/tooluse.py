@@ -33,8 +33,12 @@ def tool_use(
             return USER_BASE_S + USER_PER_TOKEN_S * (count_tokens(step.observation) + 4)
         return 0.0
 
+    def env_mean_s(step: TraceStep) -> float | None:
+        return TOOL_MEAN_S if step.env == "tool" else None  # the user's reply time follows from its text
+
     w = Workload("tool_use", __doc__ or "")
     for prompt, trials in list(group_traces(tool_use_traces(path)).items())[:prompts]:
         for s in range(group_size):
-            w.trajectories.append(replay(f"{prompt}#{s}", prompt, s, trials[s % len(trials)], env_s))
+            trace = trials[s % len(trials)]
+            w.trajectories.append(replay(f"{prompt}#{s}", prompt, s, trace, env_s, env_mean_s))
     return w

@@ -40,15 +40,19 @@ from loom.predict.history import HistoryPredictor
 from loom.protocol import ResolvedPolicy
 from loom.workloads.base import Workload, WorkTraj
 
-# Loom's learned model (cross-fitted, ``loom.bench.harness.learned``) first; the rest are ablations.
-PREDICTORS = ("learned", "oracle", "history", "none")
+# Loom's learned model (cross-fitted, ``loom.bench.harness.learned``) first; the rest are ablations. The
+# oracle knows each trajectory exactly (its calls, lengths and what each tool returns) but not a tool's
+# latency, a random draw no predictor of the trajectory can know, which it takes at its mean; the
+# clairvoyant knows the draws too (an idealisation past any predictor).
+PREDICTORS = ("learned", "oracle", "clairvoyant", "history", "none")
+EXACT = ("oracle", "clairvoyant")
 # The tail is what follows the moment this share of the trajectories has finished.
 TAIL_QUANTILE = 0.9
 
 
 class _Predictor:
-    """Total-length estimates: Loom's learned model, exact (oracle), per-prompt history, or none (no
-    information: all equal)."""
+    """Total-length estimates: Loom's learned model, exact (oracle, clairvoyant), per-prompt history, or
+    none (no information: all equal)."""
 
     def __init__(self, kind: str, learned: Learned | None = None, workload: str = "") -> None:
         if kind not in PREDICTORS:
@@ -82,7 +86,7 @@ class _Predictor:
 
     def total(self, t: WorkTraj, generated: int, calls: int) -> float:
         """The predicted total length once ``calls`` calls have generated ``generated`` tokens."""
-        if self.kind == "oracle":
+        if self.kind in EXACT:
             return float(t.output_tokens)
         if self.served is not None:
             return self.served.combiner(prompt_key(t)).total(self.known(t, generated, calls))
@@ -113,7 +117,7 @@ class _Predictor:
 
     def context(self, t: WorkTraj) -> float:
         """The trajectory's mean context while it generates: what it holds of a worker's KV cache."""
-        if self.kind == "oracle":
+        if self.kind in EXACT:
             return mean_context(t)
         if self.kind == "history":
             seen = self.history_context.get(t.prompt)
@@ -126,7 +130,7 @@ class _Predictor:
         observation); otherwise only its prompt, the part known before it runs."""
         if not t.steps:
             return 0.0
-        if self.kind != "oracle":
+        if self.kind not in EXACT:
             return float(t.steps[0].input_len)
         new, context = 0, 0
         for s in t.steps:
@@ -135,10 +139,13 @@ class _Predictor:
         return float(new)
 
     def tool(self, t: WorkTraj, cluster: Cluster, total: float) -> float:
-        """Seconds the trajectory will spend in tools: known to the oracle (every call but the last, whose
-        environment step is scoring); otherwise its predicted calls at the cluster's time per call."""
-        if self.kind == "oracle":
+        """Seconds the trajectory will spend in tools (every call but the last, whose environment step is
+        scoring): known to the clairvoyant, known but each tool latency's draw to the oracle; otherwise
+        its predicted calls at the cluster's time per call."""
+        if self.kind == "clairvoyant":
             return t.tool_s
+        if self.kind == "oracle":
+            return t.expected_tool_s
         return tool_time(cluster, total)
 
     def finished(self, t: WorkTraj) -> None:
@@ -157,7 +164,7 @@ class _Predictor:
     @property
     def discriminates(self) -> bool:
         """Whether its ranks among a group's samples mean anything (see the router's MIGRATING_METHODS)."""
-        return self.kind in ("oracle", "learned")
+        return self.kind in (*EXACT, "learned")
 
 
 def mean_context(t: WorkTraj) -> float:
