@@ -3,12 +3,11 @@ time that follows them."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from loom.data.traces import Trace, TraceStep, prompt_of
 
@@ -135,7 +134,7 @@ def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[Wor
     for s in steps:
         n = min(s.output_len, budget)
         budget -= n
-        out.append(dataclasses.replace(s, output_len=max(1, n)))
+        out.append(replace(s, output_len=max(1, n)))
         if budget <= 0:
             break
     if out:
@@ -152,7 +151,7 @@ def cap_context(steps: tuple[WorkStep, ...], max_context: int = ROLLART_CONTEXT)
         if room <= 0:
             break
         if s.output_len >= room:
-            out.append(dataclasses.replace(s, output_len=room))
+            out.append(replace(s, output_len=room))
             break
         out.append(s)
     if out:
