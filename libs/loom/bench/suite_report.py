@@ -243,11 +243,11 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         lines.append("")
         if exp == "prediction":
             kept = ", ".join(f"{w} {v}" for w, v in out["learned_keeps_of_oracle_gain"].items())
-            seer = ", ".join(f"{w} {v}" for w, v in out.get("learned_keeps_of_clairvoyant_gain", {}).items())
+            seer = ", ".join(f"{w} {v}" for w, v in out["learned_keeps_of_clairvoyant_gain"].items())
             lines += [
                 f"Share of the oracle's gain over no prediction that the learned model keeps: {kept}. The "
                 "oracle knows each trajectory exactly and each tool's latency at its mean; the clairvoyant "
-                f"knows the latency draws too, which no predictor can (its gain kept: {seer or 'not run'}).",
+                f"knows the latency draws too, which no predictor can (its gain kept: {seer}).",
                 "",
             ]
             lines += [

@@ -134,7 +134,7 @@ def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[Wor
     for s in steps:
         n = min(s.output_len, budget)
         budget -= n
-        out.append(replace(s, output_len=max(1, n)))
+        out.append(s if n == s.output_len else replace(s, output_len=max(1, n)))
         if budget <= 0:
             break
     if out:
