@@ -20,7 +20,7 @@ from nats.js.errors import KeyNotFoundError
 
 from loom.policies.affinity import eligible
 from loom.policies.migration import MigrationPlanner, Move
-from loom.policies.ordering import OrderPolicy, RequestMeta, make_order
+from loom.policies.ordering import OrderPolicy, RequestMeta, held, make_order
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.queueing import WorkerQueue
 from loom.policies.routing import RouterView, RoutingPolicy, make_routing
@@ -464,9 +464,9 @@ class Router:
 
     async def on_priority(self, p: PriorityUpdate, _msg: Msg) -> None:
         key = kv_key(p.job_id, p.traj_id)
-        self.priorities[key] = p.priority
+        prio = self.priorities[key] = held(self.priorities.get(key), p.priority)
         for w in {self.queued_in[rid] for rid in self.traj_queued.get(key, ())}:
-            self.queues[w].reprioritize(p.job_id, key, p.priority)
+            self.queues[w].reprioritize(p.job_id, key, prio)
         jr = await self._job(p.job_id)
         if jr.planner is None or key not in jr.planner.where:
             return

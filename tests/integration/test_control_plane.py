@@ -107,6 +107,8 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     )
     await nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
     await until(lambda: router.placement.get(kv_key(JOB, "tc")) == "w0")
+    # The move followed the new estimate; the queue order keeps the longest tc was ever given.
+    assert router.priorities[kv_key(JOB, "tc")] == 90_000.0
     await until(lambda: w0.engine.core.cache.length(kv_key(JOB, "tc")) >= 1100)
     nxt = await client.generate(_req("tc", 1, 1200, 100))
     assert nxt.worker_id == "w0"

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom.policies.ordering import Fcfs, Pps, RequestMeta, RoundRobin, preemption_victim
+from loom.policies.ordering import Fcfs, Pps, RequestMeta, RoundRobin, held, preemption_victim
 from loom.policies.placement import RoundRobinPlacement
 from loom.policies.queueing import AdmissionQueue, WorkerQueue
 
@@ -69,6 +69,19 @@ def test_a_priority_update_reorders_the_queue() -> None:
     assert q.reprioritize("z", 1000) == 1
     assert q.ordered() == ["z.0", "x.0", "y.0"]
     assert q.pop() == ("z.0", None) and len(q) == 2
+
+
+@given(st.lists(st.floats(0, 1e6), min_size=1, max_size=30))
+def test_a_pps_priority_is_the_longest_estimate_so_far(estimates: list[float]) -> None:
+    prio: float | None = None
+    seen = []
+    for e in estimates:
+        prio = held(prio, e)
+        seen.append(prio)
+        assert prio == max(estimates[: len(seen)])  # brute force: the running maximum
+    assert seen == sorted(seen)  # never falls: a lower estimate does not cost a trajectory its place
+    if estimates == sorted(estimates):
+        assert seen == estimates  # estimates that only grow (an exact one, a survivor's) pass unchanged
 
 
 def test_preemption_follows_algorithm_1() -> None:

@@ -30,7 +30,7 @@ from loom.engine.model.perf import PerfModel
 from loom.engine.sim.core import HICACHE_RATIO, Speculation, build_core
 from loom.engine.sim.virtual import VirtualSim
 from loom.policies.migration import MigrationPlanner
-from loom.policies.ordering import Plas
+from loom.policies.ordering import Plas, held
 from loom.policies.partition import coarsen, presorted_dp
 from loom.policies.profiles import placement_weights
 from loom.policies.routing import RouterView, make_routing
@@ -360,9 +360,13 @@ def run_rollout(
     served: list[dict[str, set[int]]] = [collections.defaultdict(set) for _ in range(m)]
     sibling_local = 0
 
+    ranked: dict[int, float] = {}  # PPS: each trajectory's priority so far (``held``, as the router keeps it)
+
     def priority(i: int) -> float:
         if policy.order == "pps":
-            return pred.total(trajs[i], generated[i], calls[i])  # Algorithm 1, line 3: the predicted length
+            # Algorithm 1, line 3: the predicted length.
+            ranked[i] = held(ranked.get(i), pred.total(trajs[i], generated[i], calls[i]))
+            return ranked[i]
         if policy.order == "fcfs":
             return -started[i]
         if plas is not None:
