@@ -134,9 +134,6 @@ async def _plan_on(
                 max_running=workers[n].max_running,
                 tool_s=tool_s,
                 max_group=math.ceil(sum(weights)) + 1,
-                # As the harness profiles them: under PPS a worker keeps its higher-priority trajectories'
-                # caches, and only this profile knows where a worker saturates (which the spread needs).
-                by_priority=policy.priority_cache,
             )
             for n in names
         ]

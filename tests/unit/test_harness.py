@@ -69,6 +69,22 @@ def test_allocation_follows_the_policy() -> None:
     assert sum(adaptive) == 16 and adaptive == sorted(adaptive, reverse=True)
 
 
+def test_the_allocation_prices_workers_alike_under_every_queue_order() -> None:
+    """Loom's allocation with another system's queue order: a worker's time is its work draining at the
+    full batch's rate whatever the order. The group simulation that priced non-PPS orders overstated low
+    degrees' rate and gave coding's 1,600 trajectories six MP-2 workers and one MP-4 (1.66 of the bound,
+    against 1.07 on two MP-8)."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    w = coding(prompts=100, group_size=16, seed=0)
+    predicted = [float(t.output_tokens) for t in w.trajectories]
+    cluster = Cluster(gpus=16, model="qwen3-14b")
+    by_order = {
+        order: allocate(PolicySpec(preset="heddle", order=order).resolved(), cluster, predicted, log_sd=0.6)
+        for order in ("pps", "fcfs", "rr", "autellix")
+    }
+    assert len({tuple(d) for d in by_order.values()}) == 1, by_order
+
+
 def test_batch_level_interaction_waits_for_every_turn(small: Workload) -> None:
     cluster = Cluster(gpus=4, model="qwen3-8b")
     w = with_latency(small, 10.0, 5.0, seed=2)

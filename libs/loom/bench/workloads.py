@@ -20,5 +20,12 @@ def profile(
     model: str, gpu: str, tp: int, n: int, context_len: int = 16_384, max_running: int = 256
 ) -> WorkerProfile:
     return placement_profile(
-        model, gpu, tp, context_len=context_len, max_running=max_running, tool_s=TOOL_MEAN_S, max_group=n
+        model,
+        gpu,
+        tp,
+        context_len=context_len,
+        max_running=max_running,
+        tool_s=TOOL_MEAN_S,
+        max_group=n,
+        simulated=True,
     )

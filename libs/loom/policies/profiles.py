@@ -10,10 +10,11 @@ simulation captures what a closed form would have to guess: the decode batch is 
 engine's batch limit and KV capacity make the rest queue, and prefills of returning steps interleave.
 Sizes are simulated on a geometric grid and interpolated; results are cached per engine kind.
 
-Under progressive priority (Heddle's order) the profile is the engine model's per-token time against
-the batch of trajectories generating (the rest are in tool calls) up to saturation, with the saturated
-work rate and weights in batch slots and KV shares: see ``_priority_profile`` for why the simulation is
-not used there.
+Loom's placement and allocation (the harness, the scheduler) price a worker by the closed form instead,
+under any queue order: the engine model's per-token time against the batch of trajectories generating (the
+rest are in tool calls) up to saturation, with the saturated work rate and weights in batch slots and KV
+shares (``_drain_profile``, which says why the simulation is not used there). The simulation serves the
+policy benchmarks (``loom bench placement``, ``loom bench resources``: ``simulated=True``).
 """
 
 from __future__ import annotations
@@ -159,17 +160,18 @@ def placement_profile(
     max_running: int,
     tool_s: float,
     max_group: int,
-    by_priority: bool = False,
+    simulated: bool = False,
     hicache_ratio: float = 0.0,
     step_tokens: float = STEP_TOKENS,
 ) -> WorkerProfile:
     """T and F(0..max_group) of one worker kind for a job whose steps of ``step_tokens`` output tokens are
-    followed by ``tool_s`` tools."""
+    followed by ``tool_s`` tools: the closed form, or with ``simulated`` the group simulation (whose only
+    user of ``hicache_ratio`` it is)."""
     bucket = context_bucket(context_len)
     base_s = interference_table(model, gpu, tp, bucket).base_s
     g = np.arange(max_group + 1, dtype=np.float64)
-    if by_priority:
-        return _priority_profile(model, gpu, tp, bucket, max_running, base_s, g, tool_s, step_tokens)
+    if not simulated:
+        return _drain_profile(model, gpu, tp, bucket, max_running, base_s, g, tool_s, step_tokens)
     top = max(1, min(max_group, GRID[-1]))
     sizes, factors = _grid_factors(
         model.lower(),
@@ -190,7 +192,7 @@ def placement_profile(
     return WorkerProfile(base_s, f)
 
 
-def _priority_profile(
+def _drain_profile(
     model: str,
     gpu: str,
     tp: int,
@@ -201,17 +203,20 @@ def _priority_profile(
     tool_s: float,
     step_tokens: float,
 ) -> WorkerProfile:
-    """Under progressive priority the longest run first and the rest queue once the worker is saturated:
-    the head shares the batch with at most that many reference trajectories, at the engine model's
-    per-token time for that batch (Heddle's profile against batch size), and the group's work drains at
-    the full batch's decode rate. Of g trajectories only those generating share the batch, the rest are in
+    """Once the worker is saturated the rest queue: the head shares the batch with at most that many
+    reference trajectories, at the engine model's per-token time for that batch (Heddle's profile against
+    batch size), and the group's work drains at the full batch's decode rate, whatever the queue order
+    (under progressive priority the longest run first; under FCFS or round robin the group's last finishes
+    as its work drains). Of g trajectories only those generating share the batch, the rest are in
     a tool call: g times the share of a step spent generating, a fixed point of the per-token time.
 
     Not the group simulation: a simulated group of a few short steps spends a share on prefilling its
     reference context that real trajectories, tens of steps long on a cached prefix, do not. At 64 GPUs
     on the coding traces it overstated the saturated rate 1.4-1.8x, more at higher degrees, and steered
     allocation to the low ones. This one predicts fixed MP 4 at 1620 s against 1760 s simulated (the
-    group simulation's profile said 2620 s).
+    group simulation's profile said 2620 s). Loom's placement under FCFS, round robin or Autellix's order
+    had kept the simulation: at 16 GPUs on coding (Qwen3-14B) it allocated six MP-2 workers and one MP-4,
+    1.66 of the lower bound; priced by this one it takes two MP-8, 1.07.
     """
     sat = saturation(model, gpu, tp, bucket, max_running)
     perf = PerfModel(gpu, model, tp)

@@ -135,8 +135,7 @@ class ResolvedPolicy(Struct, frozen=True):
 
     @property
     def priority_cache(self) -> bool:
-        """Workers keep the caches of higher-priority trajectories (Heddle's PPS, Algorithm 1 line 8), and
-        placement profiles them that way."""
+        """Workers keep the caches of higher-priority trajectories (Heddle's PPS, Algorithm 1 line 8)."""
         return self.order == "pps"
 
 

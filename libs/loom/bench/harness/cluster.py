@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from loom.engine.model.perf import PerfModel
-from loom.engine.sim.core import HICACHE_RATIO
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import STEP_TOKENS, placement_profile, tool_seconds
 from loom.policies.resources import ResourceProblem, anneal
@@ -39,8 +38,8 @@ class Cluster:
             if d <= self.gpus and PerfModel(self.gpu, self.model, d).kv_capacity_tokens() > 0
         ]
 
-    def profile(self, degree: int, max_group: int, policy: ResolvedPolicy) -> WorkerProfile:
-        """F and T of a worker at ``degree`` running ``policy``'s queue order and KV tiers."""
+    def profile(self, degree: int, max_group: int) -> WorkerProfile:
+        """F and T of a worker at ``degree``: the closed form, under any queue order."""
         return placement_profile(
             self.model,
             self.gpu,
@@ -49,8 +48,6 @@ class Cluster:
             max_running=self.max_running,
             tool_s=self.tool_s,
             max_group=max_group,
-            by_priority=policy.priority_cache,
-            hicache_ratio=HICACHE_RATIO if policy.host_cache else 0.0,
             step_tokens=self.step_tokens,
         )
 
@@ -78,7 +75,7 @@ def allocate(
     if policy.resources == "adaptive":
         fits = cluster.degrees_that_fit()
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
-        profiles = {d: cluster.profile(d, top, policy) for d in fits}
+        profiles = {d: cluster.profile(d, top) for d in fits}
         problem = ResourceProblem(
             predicted,
             cluster.gpus,

@@ -312,7 +312,7 @@ def run_rollout(
         # Samples of a prompt tie under a prompt-level estimate: the sample-major presort deals them out.
         order = sorted(range(n), key=lambda i: (trajs[i].sample, i))
         top = int(np.ceil(sum(weights))) + 1
-        profiles = [cluster.profile(d, top, policy) for d in degrees]
+        profiles = [cluster.profile(d, top) for d in degrees]
         part = presorted_dp(
             [initial[i] for i in order],
             profiles,
