@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from loom.policies.ordering import held
 from loom.predict import context as predict_context
 from loom.protocol import Prediction, PredictRequest, PriorityUpdate, TrajWork, encode, subjects
 from loom.runtime.bus import request
@@ -74,4 +75,5 @@ async def await_prediction(
         method=p.method,
     )
     await ctx.nc.publish(subjects.CONTROL_PRIORITY, encode(upd))
-    return total
+    # The router keeps the longest (``held``); so do the requests, for a router that takes over without it.
+    return held(priority, total)

@@ -85,7 +85,9 @@ class Router:
         self.rt = rt
         self.settings = settings
         self.placement: dict[str, str] = {}  # "<job>.<traj>" -> worker
+        # trajectory -> its PPS priority (``held``), and the estimate it was admitted with (its placement's)
         self.priorities: dict[str, float] = {}
+        self.admitted: dict[str, float] = {}
         self.first_seen: dict[str, float] = {}  # trajectory -> arrival of its first request
         # trajectory -> (tokens generated, engine seconds, seconds waited) over its finished calls
         self.served: dict[str, tuple[float, float, float]] = {}
@@ -232,6 +234,10 @@ class Router:
             return
         jr = await self._job(req.job_id)
         worker = await self._route(req, jr)
+        if req.step == 0:
+            # A trajectory starts, or starts again (its environment manager went away): what an earlier run
+            # of it was estimated to need no longer holds, only what it was admitted with.
+            self._restart(kv_key(req.job_id, req.traj_id))
         meta = self._meta(req)
         req.priority = jr.order.engine_priority(meta)
         self.rid_req[req.rid] = req
@@ -455,10 +461,19 @@ class Router:
         for w in targets:
             await self.rt.nc.publish(subjects.worker_abort(w), encode(a))
 
+    def _restart(self, key: str) -> None:
+        admitted = self.admitted.get(key)
+        if admitted is None:
+            self.priorities.pop(key, None)
+        else:
+            self.priorities[key] = admitted
+
     async def on_cancel(self, c: CancelJob, msg: Msg) -> None:
         await self.on_abort(AbortRequest(job_id=c.job_id), msg)
-        for key in [k for k in self.placement if k.startswith(c.job_id + ".")]:
-            del self.placement[key]
+        prefix = c.job_id + "."
+        for index in (self.placement, self.priorities, self.admitted, self.first_seen, self.served):
+            for key in [k for k in index if k.startswith(prefix)]:
+                del index[key]
         self.transfers.forget_job(c.job_id)
         self.jobs.pop(c.job_id, None)
 
@@ -495,7 +510,13 @@ class Router:
 
     async def on_placement(self, p: Placement, _msg: Msg) -> None:
         for traj, w in p.assignments.items():
-            self.placement[kv_key(p.job_id, traj)] = w
+            key = kv_key(p.job_id, traj)
+            self.placement[key] = w
+            if traj in p.predicted:
+                # Its first call is ranked by the estimate it was placed by, as every later one is by the
+                # longest since (Algorithm 1, line 3).
+                self.admitted[key] = p.predicted[traj]
+                self.priorities[key] = held(self.priorities.get(key), p.predicted[traj])
         jr = await self._job(p.job_id)
         if jr.planner is None:
             self._plan(jr, p)
@@ -504,6 +525,7 @@ class Router:
         key = kv_key(ev.job_id, ev.traj_id)
         self.placement.pop(key, None)
         self.priorities.pop(key, None)
+        self.admitted.pop(key, None)
         self.first_seen.pop(key, None)
         self.served.pop(key, None)
         self.transfers.forget(key)

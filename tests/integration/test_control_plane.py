@@ -7,20 +7,29 @@ import time
 
 from nats.aio.client import Client as NATS
 
+from loom.clock import Clock
 from loom.protocol import (
     PLAN_KEY,
+    CancelJob,
     GenRequest,
     Job,
     JobSpec,
     Placement,
     PolicySpec,
+    Prediction,
     PriorityUpdate,
+    TaskSpec,
+    ToolLatency,
     TrajMeta,
+    TrajWork,
+    decode,
     encode,
     subjects,
 )
 from loom.runtime.bus import kv_key
 from loom.runtime.genclient import GenClient
+from services.envmgr.context import LoopContext
+from services.envmgr.prediction import await_prediction
 from tests.conftest import Services
 from tests.integration.helpers import start_router, start_worker, until
 
@@ -66,6 +75,10 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     )
     await _store_job_and_plan(nc, plan)
     client = GenClient(nc, lease_s=1.0)
+
+    # 0. Each trajectory's first call is ranked by the estimate it was placed by.
+    await until(lambda: router.priorities.get(kv_key(JOB, "td")) == 1000.0)
+    assert router.priorities[kv_key(JOB, "ta")] == 9000.0
 
     # 1. Trajectories are served on their planned workers.
     ra, rb = await asyncio.gather(
@@ -116,3 +129,36 @@ async def test_heddle_plan_priorities_and_migration(nc: NATS, services: Services
     # td's own jump (50,000 > ta's 9,000) had already moved it to w0 for its next step: two migrations.
     assert router.placement[kv_key(JOB, "td")] == "w0"
     assert router.transfers.m_moves._value.get() == 2
+
+    # 5. tc starts again from its first call (its environment manager went away): it is ranked by what it
+    #    was placed by again, not by what its abandoned run was estimated to need.
+    restart = GenRequest(
+        rid=f"{JOB}.tc.again.0", job_id=JOB, traj_id="tc", step=0, input_len=1000, max_new_tokens=10
+    )
+    await client.generate(restart)
+    assert router.priorities[kv_key(JOB, "tc")] == 2000.0
+
+    # 6. A cancelled job leaves nothing of its trajectories behind in the router.
+    await nc.publish(subjects.CONTROL_CANCEL, encode(CancelJob(JOB)))
+    kept = (router.placement, router.priorities, router.admitted, router.first_seen, router.served)
+    await until(lambda: not any(k.startswith(JOB + ".") for index in kept for k in index))
+
+
+async def test_a_trajectorys_requests_carry_the_longest_estimate_it_has_had(nc: NATS) -> None:
+    """The environment manager publishes each new estimate as it is, and gives the trajectory's next request
+    the longest so far: a router that takes over, with no priorities of its own, ranks by the requests."""
+    ctx = LoopContext(nc=nc, clock=Clock(), gen=GenClient(nc), predict_timeout_s=5.0)
+    work = TrajWork(JOB, "ta", TaskSpec("t"), 0, 0, "replay", "qwen3-8b", 10, 1000, ToolLatency())
+    sub = await nc.subscribe(subjects.CONTROL_PRIORITY)
+
+    async def estimate(remaining: float) -> Prediction:
+        return Prediction("ta", remaining, 400 + remaining, "progressive")
+
+    published = []
+    priority = 0.0
+    for remaining in (9600.0, 100.0):  # 10,000 after its second call, then 500 after its third
+        task = asyncio.ensure_future(estimate(remaining))
+        priority = await await_prediction(ctx, work, 2, task, priority, context_len=900, generated=400)
+        published.append(decode((await sub.next_msg(timeout=5)).data, PriorityUpdate).priority)
+    assert published == [10_000.0, 500.0]
+    assert priority == 10_000.0

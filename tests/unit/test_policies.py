@@ -58,7 +58,7 @@ def test_orders_differ_as_documented() -> None:
         got[policy.name] = q.ordered()
     assert got["fcfs"] == ["a3", "b0", "c0"]  # a keeps its place across steps
     assert got["rr"] == ["b0", "a3", "c0"]  # a went to the tail after its tool call
-    assert got["pps"] == ["c0", "b0", "a3"]  # longest predicted remaining first
+    assert got["pps"] == ["c0", "b0", "a3"]  # longest predicted first
 
 
 def test_a_priority_update_reorders_the_queue() -> None:

@@ -39,7 +39,7 @@ OBSERVATION_TOKENS = 200
 STEPS = 4  # steps per simulated trajectory: enough to reach a steady mix of prefills, decodes and tools
 PREFILL_CHUNK = 8192  # SGLang's --chunked-prefill-size default
 GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# Rounds of the generating-share fixed point in the priority profile; it settles within a few.
+# Rounds of the generating-share fixed point in the drain profile; it settles within a few.
 FIXED_POINT_ROUNDS = 8
 
 
@@ -53,13 +53,9 @@ def simulate_group(
     tool_s: float,
     max_running: int,
     seed: int = 0,
-    hicache_ratio: float = 0.0,
 ) -> float:
     """Generation time per token (simulated seconds) of the slowest of ``size`` trajectories sharing one
-    engine under SGLang's default order (progressive priority has its closed form, ``_priority_profile``).
-
-    ``hicache_ratio``: the engine's host KV tier, that many times its device pool (0: none).
-    """
+    engine under SGLang's default order (placement prices by the closed form, ``_drain_profile``)."""
     sim = VirtualSim()
     core = build_core(
         model,
@@ -67,7 +63,6 @@ def simulate_group(
         tp,
         max_running=max_running,
         preempt_threshold=None,
-        hicache_ratio=hicache_ratio,
     )
     engine = sim.add_engine(core)
     rng = random.Random(seed)
@@ -113,7 +108,6 @@ def _grid_factors(
     tool_ms: int,
     max_running: int,
     top: int,
-    hicache_ratio: float,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     # Past saturation F grows in proportion to the group: simulating up to twice that covers the bend, and
     # placement_profile extends the rest linearly.
@@ -131,7 +125,6 @@ def _grid_factors(
             context_len=context_len,
             tool_s=tool_s,
             max_running=max_running,
-            hicache_ratio=hicache_ratio,
         )
         for g in sizes
     ]
@@ -161,12 +154,10 @@ def placement_profile(
     tool_s: float,
     max_group: int,
     simulated: bool = False,
-    hicache_ratio: float = 0.0,
     step_tokens: float = STEP_TOKENS,
 ) -> WorkerProfile:
     """T and F(0..max_group) of one worker kind for a job whose steps of ``step_tokens`` output tokens are
-    followed by ``tool_s`` tools: the closed form, or with ``simulated`` the group simulation (whose only
-    user of ``hicache_ratio`` it is)."""
+    followed by ``tool_s`` tools: the closed form, or with ``simulated`` the group simulation."""
     bucket = context_bucket(context_len)
     base_s = interference_table(model, gpu, tp, bucket).base_s
     g = np.arange(max_group + 1, dtype=np.float64)
@@ -181,7 +172,6 @@ def placement_profile(
         round(tool_s * 1000),
         max_running,
         top,
-        hicache_ratio,
     )
     f = np.interp(g, sizes, factors)
     if max_group > sizes[-1] and len(sizes) > 1:

@@ -64,7 +64,8 @@ class AdmissionQueue(Generic[T]):
         return None if e is None else e.item
 
     def reprioritize(self, traj: str, priority: float) -> int:
-        """New predicted remaining length for a trajectory: re-key its waiting requests."""
+        """A trajectory's new priority (its predicted length, as ``ordering.held`` keeps it): re-key its
+        waiting requests."""
         n = 0
         for e in [e for e in self._live.values() if e.meta.traj == traj]:
             e.meta.priority = priority
