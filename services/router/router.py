@@ -461,6 +461,10 @@ class Router:
         for w in targets:
             await self.rt.nc.publish(subjects.worker_abort(w), encode(a))
 
+    def _per_trajectory(self) -> tuple[dict[str, Any], ...]:
+        """What the router keeps per trajectory: dropped when it ends or its job is cancelled."""
+        return (self.placement, self.priorities, self.admitted, self.first_seen, self.served)
+
     def _restart(self, key: str) -> None:
         admitted = self.admitted.get(key)
         if admitted is None:
@@ -471,7 +475,7 @@ class Router:
     async def on_cancel(self, c: CancelJob, msg: Msg) -> None:
         await self.on_abort(AbortRequest(job_id=c.job_id), msg)
         prefix = c.job_id + "."
-        for index in (self.placement, self.priorities, self.admitted, self.first_seen, self.served):
+        for index in self._per_trajectory():
             for key in [k for k in index if k.startswith(prefix)]:
                 del index[key]
         self.transfers.forget_job(c.job_id)
@@ -523,11 +527,8 @@ class Router:
 
     async def on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
         key = kv_key(ev.job_id, ev.traj_id)
-        self.placement.pop(key, None)
-        self.priorities.pop(key, None)
-        self.admitted.pop(key, None)
-        self.first_seen.pop(key, None)
-        self.served.pop(key, None)
+        for index in self._per_trajectory():
+            index.pop(key, None)
         self.transfers.forget(key)
         jr = self.jobs.get(ev.job_id)
         if jr is not None:
