@@ -393,6 +393,107 @@ def test_host_tier_keeps_the_higher_priority_prefixes_within_its_size() -> None:
     assert core.host.length("p3") == 1600 and core.host.length("p1") < core.host.length("p2")
 
 
+# A group's shared prompt (``EngineRequest.shared_prefix``)
+
+shared_request = st.tuples(
+    st.integers(1, 600),  # input_len
+    st.integers(0, 300),  # max_new_tokens
+    st.sampled_from([0.0, 1.0, 2.0]),  # priority
+    st.sampled_from("abcdef"),  # prefix_key: a trajectory
+    st.one_of(st.none(), st.tuples(st.sampled_from("xy"), st.integers(0, 700))),  # its group's prompt
+    st.floats(0.0, 0.05),  # gap before arrival, seconds
+    st.booleans(),  # end the trajectory after it
+)
+
+
+@given(workload=st.lists(shared_request, min_size=1, max_size=40), args=core_args)
+@PROPS
+def test_shared_prompts_keep_kv_bounded_and_every_request_exact(workload: list, args: dict) -> None:
+    core = SimCore(PERF, **args)
+    outs: list[EngineOutput] = []
+    t = 0.0
+    for i, (input_len, max_new, priority, key, shared, gap, end) in enumerate(workload):
+        t += gap
+        outs += core.advance(t)
+        check(core)
+        core.submit(
+            EngineRequest(
+                f"r{i}", input_len, max_new, prefix_key=key, priority=priority, shared_prefix=shared
+            ),
+            t,
+        )
+        if end:
+            core.end_prefix(key)
+    outs += drain(core)
+    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
+    for o in outs:
+        input_len, max_new = workload[int(o.rid[1:])][:2]
+        assert (o.finish_reason, o.output_len) == ("length", max_new)
+        assert 0 <= o.cached_tokens <= input_len
+    assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert_idle(core)
+
+
+def _prompt_then_sibling(shared: tuple[str, int] | None, sibling_group: str = "g") -> EngineOutput:
+    """Sample 0 of a group runs its 3000-token prompt; then sample 1 of ``sibling_group`` arrives."""
+    core = SimCore(PERF_8B, kv_capacity=50_000)
+    core.submit(EngineRequest("a.0", 3000, 50, prefix_key="a", shared_prefix=shared), 0.0)
+    drain(core)
+    other = None if shared is None else (sibling_group, shared[1])
+    core.submit(EngineRequest("b.0", 3000, 50, prefix_key="b", shared_prefix=other), core.now)
+    (out,) = drain(core)
+    return out
+
+
+def test_a_groups_prompt_is_prefilled_once_per_engine() -> None:
+    alone = _prompt_then_sibling(None)
+    shared = _prompt_then_sibling(("g", 3000))
+    assert (alone.cached_tokens, shared.cached_tokens) == (0, 3000)
+    assert shared.prefill_s == 0 < alone.prefill_s
+    # Another group's prompt is not this one's.
+    assert _prompt_then_sibling(("g", 3000), sibling_group="h").cached_tokens == 0
+    # Only the tokens the group shares: the rest of the sibling's input is its own.
+    part = _prompt_then_sibling(("g", 1000))
+    assert part.cached_tokens == 1000 and 0 < part.prefill_s < alone.prefill_s
+
+
+def test_a_running_siblings_prefilled_prompt_is_shared_and_counted_in_kv_as_its_own() -> None:
+    core = SimCore(PERF_8B, kv_capacity=50_000, reserve_ratio=0.0)
+    core.submit(EngineRequest("a.0", 3000, 2000, prefix_key="a", shared_prefix=("g", 3000)), 0.0)
+    while core.load().kv_used_tokens < 3001:  # a's prompt is prefilled and it decodes
+        t = core.next_event_time()
+        assert t is not None
+        core.advance(t)
+    core.submit(EngineRequest("b.0", 3000, 500, prefix_key="b", shared_prefix=("g", 3000)), core.now)
+    core.advance(core.now + 0.05)
+    # b's KV holds the prompt as a copy would (a radix tree would point at a's): the cache's size stays an
+    # upper bound, and nothing is recomputed.
+    assert core.load().running == 2 and core.load().kv_used_tokens >= 6000
+    outs = {o.rid: o for o in drain(core)}
+    assert outs["b.0"].cached_tokens == 3000 and outs["b.0"].prefill_s == 0
+
+
+def test_a_sibling_shares_only_what_eviction_left_of_the_prompt() -> None:
+    core = SimCore(PERF_8B, kv_capacity=4000, reserve_ratio=0.0)
+
+    def run(rid: str, key: str, input_len: int, group: str | None = "g") -> EngineOutput:
+        shared = None if group is None else (group, 3000)
+        core.submit(EngineRequest(rid, input_len, 10, prefix_key=key, shared_prefix=shared), core.now)
+        (out,) = drain(core)
+        core.end_prefix(key)
+        return out
+
+    run("a.0", "a", 3000)
+    run("x.0", "x", 3900, group=None)  # takes all but the head of a's context (a radix tree's leaf first)
+    left = core.cache.length("a")
+    assert 0 < left < 3000
+    assert run("b.0", "b", 3000).cached_tokens == left
+    run("y.0", "y", 3990, group=None)  # and now all of it
+    assert core.cache.length("a") == core.cache.length("b") == 0
+    out = run("c.0", "c", 3000)
+    assert out.cached_tokens == 0 and out.prefill_s > 0
+
+
 def test_chunked_prefill_spreads_a_long_prompt_over_iterations() -> None:
     core = SimCore(PERF, 100_000, prefill_budget=1000)
     core.submit(EngineRequest("long", 10_000, 1), 0.0)

@@ -42,6 +42,11 @@ class EngineRequest:
     input_ids: list[int] | None = None
     # Requests with the same prefix_key share a cached prefix (one trajectory's growing context).
     prefix_key: str | None = None
+    # (group, tokens): the input's first ``tokens`` are the same in every request of ``group`` (a GRPO group's
+    # prompt, which its samples share). Real engines find such a prefix in their cache by its content
+    # (SGLang's radix tree, vLLM's block hashes); the simulated one keys its cache by trajectory, so it is
+    # told where the trajectories' contexts coincide.
+    shared_prefix: tuple[str, int] | None = None
     ignore_eos: bool = False
     # Larger value = served first (SGLang's convention with --enable-priority-scheduling).
     priority: float = 0.0

@@ -102,6 +102,15 @@ class Workload:
             out.setdefault(t.prompt, []).append(t)
         return out
 
+    def shared_prefixes(self) -> dict[str, tuple[str, int]]:
+        """Each trajectory's ``EngineRequest.shared_prefix``: its prompt, which every sample of the prompt
+        starts from (the shortest first input of the group, where replayed samples differ)."""
+        out: dict[str, tuple[str, int]] = {}
+        for prompt, group in self.by_prompt().items():
+            tokens = min(t.steps[0].input_len for t in group if t.steps) if any(t.steps for t in group) else 0
+            out.update({t.id: (prompt, tokens) for t in group})
+        return out
+
 
 def group_traces(traces: Iterable[Trace]) -> dict[str, list[Trace]]:
     """The recorded trials of each prompt, prompts and trials in file order."""

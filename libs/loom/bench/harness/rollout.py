@@ -357,6 +357,7 @@ def run_rollout(
     siblings: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
         siblings.setdefault(t.prompt, []).append(i)
+    shared = workload.shared_prefixes()
     served: list[dict[str, set[int]]] = [collections.defaultdict(set) for _ in range(m)]
     sibling_local = 0
 
@@ -390,7 +391,13 @@ def run_rollout(
         group_here.add(i)
         inflight[w] += 1
         req = EngineRequest(
-            f"{i}.{k}", st.input_len, st.output_len, prefix_key=str(i), ignore_eos=True, priority=priority(i)
+            f"{i}.{k}",
+            st.input_len,
+            st.output_len,
+            prefix_key=str(i),
+            ignore_eos=True,
+            priority=priority(i),
+            shared_prefix=shared[t.id],
         )
         pending[i] = (w, req.rid)
         sim.submit(engines[w], req, lambda out: done(i, k, w, out))

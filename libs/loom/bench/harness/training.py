@@ -272,7 +272,15 @@ def run_training(
         started += k == 0
         st = g.members[j].steps[k]
         g.rid[j] = f"{g.gid}.{j}.{k}"
-        req = EngineRequest(g.rid[j], st.input_len, st.output_len, prefix_key=f"{g.gid}.{j}", ignore_eos=True)
+        prompt = g.members[j].prompt
+        req = EngineRequest(
+            g.rid[j],
+            st.input_len,
+            st.output_len,
+            prefix_key=f"{g.gid}.{j}",
+            ignore_eos=True,
+            shared_prefix=(prompt, min(t.steps[0].input_len for t in g.members)),
+        )
         sim.submit(engines[g.engine[j]], req, functools.partial(step_done, g, j))
 
     def step_done(g: _Group, j: int, out: EngineOutput) -> None:

@@ -8,6 +8,11 @@ an arrival, or the time asked for), so simulating costs O(events), not O(tokens)
 Every request produces exactly ``max_new_tokens`` (as with ``ignore_eos``): replayed workloads emit their
 recorded token counts, so the simulator never stops early.
 
+The samples of a GRPO group start from one prompt (``EngineRequest.shared_prefix``): a sample admitted after
+a sibling has prefilled it on this engine (cached, or running now) prefills only the rest of its input, as a
+radix cache would find the prompt. Samples admitted in the same iteration each compute it (SGLang's in-batch
+prefix check is only in its cache-aware queue orders, not under priority scheduling).
+
 A trajectory's cached prefix can move between engines (migration): ``export_prefix`` on the source,
 ``import_prefix`` on the target, where it lands after the KV transfer time and is evictable from then on.
 
@@ -44,6 +49,7 @@ class _Seq:
     step0: int = 0  # decode step at which ``generated`` was last brought up to date
     finish_step: int = 0
     cached: int = 0  # tokens of context reused from the prefix cache in the current admission
+    shared: int = 0  # of the rest, tokens its group's other trajectories hold here: not recomputed
     prefill_left: int = 0
     first_cached: int = -1
     queue_s: float = 0.0
@@ -183,6 +189,10 @@ class SimCore:
         self._chunk: _Chunk | None = None
         self._outbox: list[EngineOutput] = []
         self._imports: list[tuple[float, int, str, int]] = []  # (lands at, seq, prefix_key, tokens)
+        self._groups: dict[str, set[str]] = {}  # shared_prefix group -> prefix keys of its trajectories here
+        self._group_of: dict[str, str] = {}  # and back
+        self._ended: set[str] = set()  # prefix keys of ended trajectories in a group, until their cache goes
+        self._live: dict[str, _Seq] = {}  # prefix key -> its request in the batch (a group's running samples)
 
     @property
     def now(self) -> float:
@@ -219,6 +229,10 @@ class SimCore:
                 f"request {req.rid!r} needs {req.input_len + req.max_new_tokens} KV tokens, "
                 f"the engine holds {self.kv_capacity}"
             )
+        if req.shared_prefix is not None and req.prefix_key is not None:
+            self._groups.setdefault(req.shared_prefix[0], set()).add(req.prefix_key)
+            self._group_of[req.prefix_key] = req.shared_prefix[0]
+            self._ended.discard(req.prefix_key)
         arrival = max(now, self._now)
         self._seq += 1
         s = _Seq(req, self._seq, mark=arrival)
@@ -267,6 +281,8 @@ class SimCore:
         self.cache.demote(prefix_key)
         if self.host is not None:
             self.host.demote(prefix_key)
+        if prefix_key in self._group_of:
+            self._ended.add(prefix_key)
 
     def import_prefix(
         self, prefix_key: str, tokens: int, now: float, bandwidth_gbps: float | None = None
@@ -408,7 +424,8 @@ class SimCore:
             uncached = s.context - cached
             hosted = self.host.length(key) if self.host is not None and key is not None else 0
             loads = max(0, min(hosted, s.context) - cached)
-            compute = uncached - loads
+            shared = max(0, self._shared_here(s) - cached - loads)
+            compute = uncached - loads - shared
             take = min(compute, budget)
             if compute and not take:
                 break
@@ -429,7 +446,7 @@ class SimCore:
                 assert key is not None
                 self._load(key, cached + loads)
                 cached += loads
-            self._admit(s, cached)
+            self._admit(s, cached, shared)
             if take:
                 prefill.append((s, take))
                 budget -= take
@@ -535,15 +552,42 @@ class SimCore:
 
     # Sequence transitions
 
-    def _admit(self, s: _Seq, cached: int) -> None:
+    def _shared_here(self, s: _Seq) -> int:
+        """Tokens of ``s``'s shared prefix that another trajectory of its group holds in this engine's cache.
+
+        Its KV is still counted as the request's own (as if copied, where a radix tree would point at it):
+        what sharing saves here is the prefill, and the cache's size stays an upper bound."""
+        if s.req.shared_prefix is None:
+            return 0
+        group, tokens = s.req.shared_prefix
+        keys = self._groups.get(group, set())
+        held = 0
+        for k in list(keys):
+            # Cached, or computed by a sibling in the batch now (a radix cache takes a prefill in as it ends).
+            live = self._live.get(k)
+            length = max(self.cache.length(k), live.context - live.prefill_left if live else 0)
+            if not length and k in self._ended:  # an ended trajectory whose cache has gone: forget it
+                keys.discard(k)
+                self._ended.discard(k)
+                del self._group_of[k]
+            elif k != s.req.prefix_key:
+                held = max(held, length)
+        if not keys:
+            self._groups.pop(group, None)
+        return min(tokens, held, s.context)
+
+    def _admit(self, s: _Seq, cached: int, shared: int = 0) -> None:
         s.queue_s += self._now - s.mark
         s.mark = self._now
         self._waiting -= 1
         if s.first_cached < 0:
-            s.first_cached = cached
+            s.first_cached = cached + shared
         s.cached = cached
+        s.shared = shared
         if s.req.prefix_key is not None:
             self.cache.acquire(s.req.prefix_key, s.req.rid, cached, s.req.priority)
+            if s.req.shared_prefix is not None:
+                self._live[s.req.prefix_key] = s
         uncached = s.context - cached
         self._reserve(uncached)
         self._private += uncached
@@ -553,9 +597,9 @@ class SimCore:
         if len(self._ranked) > 4 * len(self._running) + 64:
             self._ranked = [(x.req.priority, -x.seq, r) for r, x in self._running.items()]
             heapq.heapify(self._ranked)
-        if uncached:
+        if uncached > shared:
             s.state = _PREFILL
-            s.prefill_left = uncached
+            s.prefill_left = uncached - shared
             self._prefilling[s.req.rid] = s
         elif s.generated == s.req.max_new_tokens:
             self._finish(s)
@@ -587,6 +631,8 @@ class SimCore:
         self._remaining -= s.req.max_new_tokens - s.generated
         if s.req.prefix_key is not None:
             self.cache.release(s.req.prefix_key, rid, s.context - s.prefill_left if keep_cache else None)
+            if self._live.get(s.req.prefix_key) is s:
+                del self._live[s.req.prefix_key]
         s.mark = now
 
     def _retract(self, s: _Seq) -> None:
