@@ -400,7 +400,10 @@ shared_request = st.tuples(
     st.integers(0, 300),  # max_new_tokens
     st.sampled_from([0.0, 1.0, 2.0]),  # priority
     st.sampled_from("abcdef"),  # prefix_key: a trajectory
-    st.one_of(st.none(), st.tuples(st.sampled_from("xy"), st.integers(0, 700))),  # its group's prompt
+    # what its input starts with: a task set's system prompt, a group's prompt (levels, shortest first)
+    st.lists(st.tuples(st.sampled_from("xyz"), st.integers(0, 700)), max_size=2).map(
+        lambda levels: tuple(sorted(levels, key=lambda level: level[1]))
+    ),
     st.floats(0.0, 0.05),  # gap before arrival, seconds
     st.booleans(),  # end the trajectory after it
 )
@@ -437,9 +440,11 @@ def test_shared_prompts_keep_kv_bounded_and_every_request_exact(workload: list, 
 def _prompt_then_sibling(shared: tuple[str, int] | None, sibling_group: str = "g") -> EngineOutput:
     """Sample 0 of a group runs its 3000-token prompt; then sample 1 of ``sibling_group`` arrives."""
     core = SimCore(PERF_8B, kv_capacity=50_000)
-    core.submit(EngineRequest("a.0", 3000, 50, prefix_key="a", shared_prefix=shared), 0.0)
+    core.submit(
+        EngineRequest("a.0", 3000, 50, prefix_key="a", shared_prefix=(shared,) if shared else ()), 0.0
+    )
     drain(core)
-    other = None if shared is None else (sibling_group, shared[1])
+    other = ((sibling_group, shared[1]),) if shared else ()
     core.submit(EngineRequest("b.0", 3000, 50, prefix_key="b", shared_prefix=other), core.now)
     (out,) = drain(core)
     return out
@@ -457,14 +462,26 @@ def test_a_groups_prompt_is_prefilled_once_per_engine() -> None:
     assert part.cached_tokens == 1000 and 0 < part.prefill_s < alone.prefill_s
 
 
+def test_another_groups_trajectory_shares_the_system_prompt_and_a_sibling_the_whole_prompt() -> None:
+    core = SimCore(PERF_8B, kv_capacity=50_000)
+
+    def run(rid: str, group: str) -> EngineOutput:
+        levels = (("system", 1000), (group, 3000))
+        core.submit(EngineRequest(rid, 3000, 10, prefix_key=rid, shared_prefix=levels), core.now)
+        (out,) = drain(core)
+        return out
+
+    assert [run(*x).cached_tokens for x in (("a", "g"), ("b", "h"), ("c", "g"))] == [0, 1000, 3000]
+
+
 def test_a_running_siblings_prefilled_prompt_is_shared_and_counted_in_kv_as_its_own() -> None:
     core = SimCore(PERF_8B, kv_capacity=50_000, reserve_ratio=0.0)
-    core.submit(EngineRequest("a.0", 3000, 2000, prefix_key="a", shared_prefix=("g", 3000)), 0.0)
+    core.submit(EngineRequest("a.0", 3000, 2000, prefix_key="a", shared_prefix=(("g", 3000),)), 0.0)
     while core.load().kv_used_tokens < 3001:  # a's prompt is prefilled and it decodes
         t = core.next_event_time()
         assert t is not None
         core.advance(t)
-    core.submit(EngineRequest("b.0", 3000, 500, prefix_key="b", shared_prefix=("g", 3000)), core.now)
+    core.submit(EngineRequest("b.0", 3000, 500, prefix_key="b", shared_prefix=(("g", 3000),)), core.now)
     core.advance(core.now + 0.05)
     # b's KV holds the prompt as a copy would (a radix tree would point at a's): the cache's size stays an
     # upper bound, and nothing is recomputed.
@@ -477,7 +494,7 @@ def test_a_sibling_shares_only_what_eviction_left_of_the_prompt() -> None:
     core = SimCore(PERF_8B, kv_capacity=4000, reserve_ratio=0.0)
 
     def run(rid: str, key: str, input_len: int, group: str | None = "g") -> EngineOutput:
-        shared = None if group is None else (group, 3000)
+        shared = () if group is None else ((group, 3000),)
         core.submit(EngineRequest(rid, input_len, 10, prefix_key=key, shared_prefix=shared), core.now)
         (out,) = drain(core)
         core.end_prefix(key)

@@ -113,6 +113,28 @@ def test_tool_use_groups_are_tau_bench_trials() -> None:
     assert all(a.input_len < b.input_len for a, b in itertools.pairwise(t.steps))
 
 
+def test_what_trajectories_start_with_alike_is_their_system_prompt_and_their_groups_prompt() -> None:
+    """``shared_prefixes``: every tau-bench trajectory opens with the airline policy (the same system message
+    for every task), and its trials each with their own first user message; a search question's trials and a
+    coding run's replays start from one prompt."""
+    need_shared("data/traces/tau-bench-airline-gpt4o.json.gz")
+    w = tool_use(prompts=3, group_size=8)
+    shared = w.shared_prefixes()
+    system = {t.system for t in w.trajectories}
+    assert len(system) == 1 and 1000 < system.pop() < min(t.steps[0].input_len for t in w.trajectories)
+    assert {shared[t.id] for t in w.trajectories} == {(("system:tool_use", w.trajectories[0].system),)}
+    for name, loader in (("search", search), ("coding", coding)):
+        need_shared(
+            "data/traces/swe-gemini3pro.jsonl.gz"
+            if name == "coding"
+            else "data/traces/hotpotqa-react-100q-5trials.txt.gz"
+        )
+        w = loader(prompts=3, group_size=4)
+        shared = w.shared_prefixes()
+        for t in w.trajectories:
+            assert shared[t.id] == ((f"prompt:{t.prompt}", t.steps[0].input_len),)
+
+
 def test_output_cap_truncates_the_last_call() -> None:
     steps = [WorkStep(10, 30_000, 1.0, 0.4), WorkStep(20, 30_000, 1.0, 0.4), WorkStep(30, 5, 1.0)]
     capped = cap_output(steps)

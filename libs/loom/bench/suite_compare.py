@@ -48,13 +48,30 @@ def cell_throughputs(results: dict[str, Any], experiments: Sequence[str]) -> dic
     return out
 
 
+def like_for_like(cells: dict[str, float]) -> dict[str, float]:
+    """An earlier run's cells under today's names. Until the prediction ablation's oracle was split in two,
+    it knew each tool latency's draw: that idealisation is the clairvoyant now, and the oracle knows each
+    latency at its mean only. A run without clairvoyant cells is one from before, and its oracle is compared
+    with the clairvoyant."""
+    if any(c.startswith("prediction/") and c.endswith("/clairvoyant") for c in cells):
+        return cells
+    return {
+        (
+            c.removesuffix("/oracle") + "/clairvoyant"
+            if c.startswith("prediction/") and c.endswith("/oracle")
+            else c
+        ): v
+        for c, v in cells.items()
+    }
+
+
 def compare(
     prev: dict[str, Any], cur: dict[str, Any], experiments: Sequence[str], tolerance: float = TOLERANCE
 ) -> dict[str, Any]:
     """Each cell both runs hold: now over before. ``losing``: the cells below ``1 - tolerance``, worst
     first; the baselines' cells move only with the engine model, Loom's with everything. ``experiments``: the
     suite's ablations (``heddle_suite.EXPERIMENTS``)."""
-    before, now = cell_throughputs(prev, experiments), cell_throughputs(cur, experiments)
+    before, now = like_for_like(cell_throughputs(prev, experiments)), cell_throughputs(cur, experiments)
     common = [c for c in now if c in before and before[c] > 0]
     ratios = {c: round(now[c] / before[c], 4) for c in common}
     losing = sorted((c for c in common if ratios[c] < 1 - tolerance), key=lambda c: (ratios[c], c))

@@ -42,11 +42,11 @@ class EngineRequest:
     input_ids: list[int] | None = None
     # Requests with the same prefix_key share a cached prefix (one trajectory's growing context).
     prefix_key: str | None = None
-    # (group, tokens): the input's first ``tokens`` are the same in every request of ``group`` (a GRPO group's
-    # prompt, which its samples share). Real engines find such a prefix in their cache by its content
-    # (SGLang's radix tree, vLLM's block hashes); the simulated one keys its cache by trajectory, so it is
-    # told where the trajectories' contexts coincide.
-    shared_prefix: tuple[str, int] | None = None
+    # Where the input's start is the same as other trajectories': (key, tokens) levels of a radix tree, the
+    # shortest first. E.g. the system prompt every trajectory of a task set starts with, then the prompt a GRPO
+    # group's samples share. Real engines find such prefixes in their cache by content (SGLang's radix tree,
+    # vLLM's block hashes); the simulated one keys its cache by trajectory, so it is told where they coincide.
+    shared_prefix: tuple[tuple[str, int], ...] = ()
     ignore_eos: bool = False
     # Larger value = served first (SGLang's convention with --enable-priority-scheduling).
     priority: float = 0.0

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from loom.data.traces import Trace, TraceStep, prompt_of
+from loom.text.tokenizer import count_tokens
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
@@ -59,6 +60,9 @@ class WorkTraj:
     trace: str = ""  # the recorded trajectory it replays (``loom.data.trace_sets``)
     # The recorded step each step replays (a sibling drops or repeats some); empty: step k replays step k.
     origin: tuple[int, ...] = ()
+    # Tokens its first input starts with that are the same for every trajectory of its task set (the system
+    # prompt, tools and chat template): engines keep one copy in their prefix cache for all of them.
+    system: int = 0
 
     @functools.cached_property
     def output_tokens(self) -> int:
@@ -102,13 +106,21 @@ class Workload:
             out.setdefault(t.prompt, []).append(t)
         return out
 
-    def shared_prefixes(self) -> dict[str, tuple[str, int]]:
-        """Each trajectory's ``EngineRequest.shared_prefix``: its prompt, which every sample of the prompt
-        starts from (the shortest first input of the group, where replayed samples differ)."""
-        out: dict[str, tuple[str, int]] = {}
+    def shared_prefixes(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Each trajectory's ``EngineRequest.shared_prefix``: its task set's system prompt, then its group's
+        prompt where every sample starts from the same first input (same length: a replayed trace set's trials
+        of one prompt can open differently, tau-bench's simulated user does, and then share the system prompt
+        alone)."""
+        out: dict[str, tuple[tuple[str, int], ...]] = {}
         for prompt, group in self.by_prompt().items():
-            tokens = min(t.steps[0].input_len for t in group if t.steps) if any(t.steps for t in group) else 0
-            out.update({t.id: (prompt, tokens) for t in group})
+            firsts = {t.steps[0].input_len for t in group if t.steps}
+            common = next(iter(firsts)) if len(firsts) == 1 else 0
+            for t in group:
+                system = min(t.system, t.steps[0].input_len) if t.steps else 0
+                levels = [(f"system:{t.task or self.name}", system)] if system else []
+                if common > system:
+                    levels.append((f"prompt:{prompt}", common))
+                out[t.id] = tuple(levels)
         return out
 
 
@@ -134,7 +146,22 @@ def replay(
         WorkStep(st.prompt_tokens, st.completion_tokens, env_s(st), env_mean_s(st)) for st in trace.steps
     ]
     reward = 1.0 if trace.resolved else 0.0
-    return WorkTraj(id, prompt, sample, cap_output(steps), reward, trace=trace.id)
+    return WorkTraj(
+        id, prompt, sample, cap_output(steps), reward, trace=trace.id, system=system_tokens(trace)
+    )
+
+
+def system_tokens(trace: Trace) -> int:
+    """What the trace's first input holds before its task statement (system prompt, tools, template): the
+    same for every task of its set. 0 where the trace has no task text (nothing known to be shared)."""
+    if not trace.task or not trace.steps:
+        return 0
+    return max(0, trace.steps[0].prompt_tokens - _task_tokens(trace.task))
+
+
+@functools.lru_cache(maxsize=4096)
+def _task_tokens(task: str) -> int:
+    return count_tokens(task)
 
 
 def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[WorkStep, ...]:

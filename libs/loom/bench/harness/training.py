@@ -198,6 +198,7 @@ def run_training(
         raise ValueError(f"need more steps ({steps}) than warm-up steps ({warmup})")
     wall0 = time.perf_counter()
     data = list(workload.by_prompt().values())
+    shared = workload.shared_prefixes()
     if len(data) < batch_groups:
         raise ValueError(f"{len(data)} groups in the workload, fewer than a batch of {batch_groups}")
     sim = VirtualSim()
@@ -272,14 +273,13 @@ def run_training(
         started += k == 0
         st = g.members[j].steps[k]
         g.rid[j] = f"{g.gid}.{j}.{k}"
-        prompt = g.members[j].prompt
         req = EngineRequest(
             g.rid[j],
             st.input_len,
             st.output_len,
             prefix_key=f"{g.gid}.{j}",
             ignore_eos=True,
-            shared_prefix=(prompt, min(t.steps[0].input_len for t in g.members)),
+            shared_prefix=shared[g.members[j].id],
         )
         sim.submit(engines[g.engine[j]], req, functools.partial(step_done, g, j))
 

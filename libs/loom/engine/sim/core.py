@@ -8,10 +8,11 @@ an arrival, or the time asked for), so simulating costs O(events), not O(tokens)
 Every request produces exactly ``max_new_tokens`` (as with ``ignore_eos``): replayed workloads emit their
 recorded token counts, so the simulator never stops early.
 
-The samples of a GRPO group start from one prompt (``EngineRequest.shared_prefix``): a sample admitted after
-a sibling has prefilled it on this engine (cached, or running now) prefills only the rest of its input, as a
-radix cache would find the prompt. Samples admitted in the same iteration each compute it (SGLang's in-batch
-prefix check is only in its cache-aware queue orders, not under priority scheduling).
+Trajectories start alike (``EngineRequest.shared_prefix``): every one of a task set from its system prompt,
+the samples of a GRPO group from their prompt. A request admitted after another trajectory has prefilled
+such a prefix on this engine (cached, or running now) prefills only the rest of its input, as a radix cache
+would find it. Requests admitted in the same iteration each compute it (SGLang's in-batch prefix check is
+only in its cache-aware queue orders, not under priority scheduling).
 
 A trajectory's cached prefix can move between engines (migration): ``export_prefix`` on the source,
 ``import_prefix`` on the target, where it lands after the KV transfer time and is evictable from then on.
@@ -189,10 +190,12 @@ class SimCore:
         self._chunk: _Chunk | None = None
         self._outbox: list[EngineOutput] = []
         self._imports: list[tuple[float, int, str, int]] = []  # (lands at, seq, prefix_key, tokens)
-        self._groups: dict[str, set[str]] = {}  # shared_prefix group -> prefix keys of its trajectories here
-        self._group_of: dict[str, str] = {}  # and back
-        self._ended: set[str] = set()  # prefix keys of ended trajectories in a group, until their cache goes
-        self._live: dict[str, _Seq] = {}  # prefix key -> its request in the batch (a group's running samples)
+        self._sharers: dict[
+            str, set[str]
+        ] = {}  # a shared_prefix level -> prefix keys that start with it here
+        self._levels: dict[str, tuple[str, ...]] = {}  # and back
+        self._ended: set[str] = set()  # prefix keys of ended trajectories among them, until their cache goes
+        self._live: dict[str, _Seq] = {}  # prefix key -> its request in the batch (of those that share)
 
     @property
     def now(self) -> float:
@@ -229,9 +232,11 @@ class SimCore:
                 f"request {req.rid!r} needs {req.input_len + req.max_new_tokens} KV tokens, "
                 f"the engine holds {self.kv_capacity}"
             )
-        if req.shared_prefix is not None and req.prefix_key is not None:
-            self._groups.setdefault(req.shared_prefix[0], set()).add(req.prefix_key)
-            self._group_of[req.prefix_key] = req.shared_prefix[0]
+        if req.shared_prefix and req.prefix_key is not None:
+            levels = tuple(level for level, _ in req.shared_prefix)
+            for level in levels:
+                self._sharers.setdefault(level, set()).add(req.prefix_key)
+            self._levels[req.prefix_key] = levels
             self._ended.discard(req.prefix_key)
         arrival = max(now, self._now)
         self._seq += 1
@@ -281,7 +286,7 @@ class SimCore:
         self.cache.demote(prefix_key)
         if self.host is not None:
             self.host.demote(prefix_key)
-        if prefix_key in self._group_of:
+        if prefix_key in self._levels:
             self._ended.add(prefix_key)
 
     def import_prefix(
@@ -424,7 +429,7 @@ class SimCore:
             uncached = s.context - cached
             hosted = self.host.length(key) if self.host is not None and key is not None else 0
             loads = max(0, min(hosted, s.context) - cached)
-            shared = max(0, self._shared_here(s) - cached - loads)
+            shared = self._shared_here(s, cached + loads)
             compute = uncached - loads - shared
             take = min(compute, budget)
             if compute and not take:
@@ -552,29 +557,35 @@ class SimCore:
 
     # Sequence transitions
 
-    def _shared_here(self, s: _Seq) -> int:
-        """Tokens of ``s``'s shared prefix that another trajectory of its group holds in this engine's cache.
+    def _shared_here(self, s: _Seq, have: int) -> int:
+        """Tokens of ``s``'s input past the ``have`` it holds that another trajectory starting alike holds in this
+        engine's cache.
 
-        Its KV is still counted as the request's own (as if copied, where a radix tree would point at it):
-        what sharing saves here is the prefill, and the cache's size stays an upper bound."""
-        if s.req.shared_prefix is None:
-            return 0
-        group, tokens = s.req.shared_prefix
-        keys = self._groups.get(group, set())
-        held = 0
-        for k in list(keys):
-            # Cached, or computed by a sibling in the batch now (a radix cache takes a prefill in as it ends).
-            live = self._live.get(k)
-            length = max(self.cache.length(k), live.context - live.prefill_left if live else 0)
-            if not length and k in self._ended:  # an ended trajectory whose cache has gone: forget it
-                keys.discard(k)
+        Their KV is still counted as the request's own (as if copied, where a radix tree would point at it):
+        what sharing saves here is the prefill, and the cache's size stays an upper bound (which the makespan's
+        lower bound, ``loom.bench.harness.bounds``, relies on)."""
+        out = have
+        for level, tokens in s.req.shared_prefix:
+            if tokens <= out:
+                continue
+            gone = []
+            for k in self._sharers.get(level, ()):
+                if k == s.req.prefix_key:
+                    continue
+                live = self._live.get(k)  # a radix cache takes a prefill in as it ends
+                held = max(self.cache.length(k), live.context - live.prefill_left if live else 0)
+                if not held and k in self._ended:
+                    gone.append(k)
+                out = max(out, min(tokens, held))
+                if out >= tokens:
+                    break
+            for k in gone:  # an ended trajectory whose cache has gone: forget it
+                for other in self._levels.pop(k):
+                    self._sharers[other].discard(k)
+                    if not self._sharers[other]:
+                        del self._sharers[other]
                 self._ended.discard(k)
-                del self._group_of[k]
-            elif k != s.req.prefix_key:
-                held = max(held, length)
-        if not keys:
-            self._groups.pop(group, None)
-        return min(tokens, held, s.context)
+        return max(0, min(out, s.context) - have)
 
     def _admit(self, s: _Seq, cached: int, shared: int = 0) -> None:
         s.queue_s += self._now - s.mark
@@ -586,7 +597,7 @@ class SimCore:
         s.shared = shared
         if s.req.prefix_key is not None:
             self.cache.acquire(s.req.prefix_key, s.req.rid, cached, s.req.priority)
-            if s.req.shared_prefix is not None:
+            if s.req.shared_prefix:
                 self._live[s.req.prefix_key] = s
         uncached = s.context - cached
         self._reserve(uncached)
