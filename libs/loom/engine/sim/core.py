@@ -50,7 +50,6 @@ class _Seq:
     step0: int = 0  # decode step at which ``generated`` was last brought up to date
     finish_step: int = 0
     cached: int = 0  # tokens of context reused from the prefix cache in the current admission
-    shared: int = 0  # of the rest, tokens its group's other trajectories hold here: not recomputed
     prefill_left: int = 0
     first_cached: int = -1
     queue_s: float = 0.0
@@ -190,10 +189,9 @@ class SimCore:
         self._chunk: _Chunk | None = None
         self._outbox: list[EngineOutput] = []
         self._imports: list[tuple[float, int, str, int]] = []  # (lands at, seq, prefix_key, tokens)
-        self._sharers: dict[
-            str, set[str]
-        ] = {}  # a shared_prefix level -> prefix keys that start with it here
-        self._levels: dict[str, tuple[str, ...]] = {}  # and back
+        # A shared_prefix level -> the prefix keys here that start with it, and back.
+        self._sharers: dict[str, set[str]] = {}
+        self._levels: dict[str, tuple[str, ...]] = {}
         self._ended: set[str] = set()  # prefix keys of ended trajectories among them, until their cache goes
         self._live: dict[str, _Seq] = {}  # prefix key -> its request in the batch (of those that share)
 
@@ -233,7 +231,7 @@ class SimCore:
                 f"the engine holds {self.kv_capacity}"
             )
         if req.shared_prefix and req.prefix_key is not None:
-            levels = tuple(level for level, _ in req.shared_prefix)
+            levels = tuple(dict.fromkeys(level for level, _ in req.shared_prefix))
             for level in levels:
                 self._sharers.setdefault(level, set()).add(req.prefix_key)
             self._levels[req.prefix_key] = levels
@@ -581,9 +579,10 @@ class SimCore:
                     break
             for k in gone:  # an ended trajectory whose cache has gone: forget it
                 for other in self._levels.pop(k):
-                    self._sharers[other].discard(k)
-                    if not self._sharers[other]:
-                        del self._sharers[other]
+                    keys = self._sharers.get(other, set())
+                    keys.discard(k)
+                    if not keys:
+                        self._sharers.pop(other, None)
                 self._ended.discard(k)
         return max(0, min(out, s.context) - have)
 
@@ -594,7 +593,6 @@ class SimCore:
         if s.first_cached < 0:
             s.first_cached = cached + shared
         s.cached = cached
-        s.shared = shared
         if s.req.prefix_key is not None:
             self.cache.acquire(s.req.prefix_key, s.req.rid, cached, s.req.priority)
             if s.req.shared_prefix:
