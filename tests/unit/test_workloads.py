@@ -123,16 +123,19 @@ def test_what_trajectories_start_with_alike_is_their_system_prompt_and_their_gro
     system = {t.system for t in w.trajectories}
     assert len(system) == 1 and 1000 < system.pop() < min(t.steps[0].input_len for t in w.trajectories)
     assert {shared[t.id] for t in w.trajectories} == {(("system:tool_use", w.trajectories[0].system),)}
-    for name, loader in (("search", search), ("coding", coding)):
-        need_shared(
-            "data/traces/swe-gemini3pro.jsonl.gz"
-            if name == "coding"
-            else "data/traces/hotpotqa-react-100q-5trials.txt.gz"
-        )
-        w = loader(prompts=3, group_size=4)
-        shared = w.shared_prefixes()
-        for t in w.trajectories:
-            assert shared[t.id] == ((f"prompt:{t.prompt}", t.steps[0].input_len),)
+    need_shared("data/traces/hotpotqa-react-100q-5trials.txt.gz")
+    w = search(prompts=3, group_size=4)
+    shared = w.shared_prefixes()
+    assert all(shared[t.id] == ((f"prompt:{t.prompt}", t.steps[0].input_len),) for t in w.trajectories)
+    # A SWE run's first input holds a system message and template before its task: the least of them is
+    # what every task shares.
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    w = coding(prompts=3, group_size=4)
+    shared = w.shared_prefixes()
+    least = min(t.system for t in w.trajectories)
+    assert 0 < least < max(t.system for t in w.trajectories)
+    for t in w.trajectories:
+        assert shared[t.id] == (("system:coding", least), (f"prompt:{t.prompt}", t.steps[0].input_len))
 
 
 def test_output_cap_truncates_the_last_call() -> None:

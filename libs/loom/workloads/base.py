@@ -112,13 +112,19 @@ class Workload:
         of one prompt can open differently, tau-bench's simulated user does, and then share the system prompt
         alone)."""
         out: dict[str, tuple[tuple[str, int], ...]] = {}
+        # A set's system prompt is what every one of its trajectories holds before its task (the least of
+        # them: what precedes a task can hold more than the system prompt).
+        system: dict[str, int] = {}
+        for t in self.trajectories:
+            key = f"system:{t.task or self.name}"
+            system[key] = min(system.get(key, t.system), t.system, t.steps[0].input_len if t.steps else 0)
         for prompt, group in self.by_prompt().items():
             firsts = {t.steps[0].input_len for t in group if t.steps}
             common = next(iter(firsts)) if len(firsts) == 1 else 0
             for t in group:
-                system = min(t.system, t.steps[0].input_len) if t.steps else 0
-                levels = [(f"system:{t.task or self.name}", system)] if system else []
-                if common > system:
+                key = f"system:{t.task or self.name}"
+                levels = [(key, system[key])] if system[key] else []
+                if common > system[key]:
                     levels.append((f"prompt:{prompt}", common))
                 out[t.id] = tuple(levels)
         return out
