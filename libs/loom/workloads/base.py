@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from loom.data.traces import Trace, TraceStep, prompt_of
-from loom.text.tokenizer import count_tokens
 
 # Heddle §7: every rollout caps a trajectory's output at 40K tokens.
 MAX_OUTPUT = 40_960
@@ -112,8 +111,7 @@ class Workload:
         of one prompt can open differently, tau-bench's simulated user does, and then share the system prompt
         alone)."""
         out: dict[str, tuple[tuple[str, int], ...]] = {}
-        # A set's system prompt is what every one of its trajectories holds before its task (the least of
-        # them: what precedes a task can hold more than the system prompt).
+        # A set's system prompt, as its traces count it (the least of them, should they differ).
         system: dict[str, int] = {}
         for t in self.trajectories:
             key = f"system:{t.task or self.name}"
@@ -145,29 +143,16 @@ def replay(
     trace: Trace,
     env_s: Callable[[TraceStep], float],
     env_mean_s: Callable[[TraceStep], float | None] = lambda _: None,
+    system: int = 0,
 ) -> WorkTraj:
     """A sample that replays a recorded trajectory call for call, with its own environment times: ``env_s``
-    draws each, ``env_mean_s`` gives the mean of a random draw (None: the time follows from the step)."""
+    draws each, ``env_mean_s`` gives the mean of a random draw (None: the time follows from the step);
+    ``system``: ``WorkTraj.system``."""
     steps = [
         WorkStep(st.prompt_tokens, st.completion_tokens, env_s(st), env_mean_s(st)) for st in trace.steps
     ]
     reward = 1.0 if trace.resolved else 0.0
-    return WorkTraj(
-        id, prompt, sample, cap_output(steps), reward, trace=trace.id, system=system_tokens(trace)
-    )
-
-
-def system_tokens(trace: Trace) -> int:
-    """What the trace's first input holds before its task statement (system prompt, tools, template): the
-    same for every task of its set. 0 where the trace has no task text (nothing known to be shared)."""
-    if not trace.task or not trace.steps:
-        return 0
-    return max(0, trace.steps[0].prompt_tokens - _task_tokens(trace.task))
-
-
-@functools.lru_cache(maxsize=4096)
-def _task_tokens(task: str) -> int:
-    return count_tokens(task)
+    return WorkTraj(id, prompt, sample, cap_output(steps), reward, trace=trace.id, system=system)
 
 
 def cap_output(steps: list[WorkStep], max_output: int = MAX_OUTPUT) -> tuple[WorkStep, ...]:

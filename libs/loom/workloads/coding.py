@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from loom.data.traces import load_traces
-from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal, replay, system_tokens
+from loom.workloads.base import Workload, WorkStep, WorkTraj, cap_output, lognormal, replay
 from loom.workloads.siblings import vary
 
 TOOL_MEAN_S = 0.43
@@ -54,16 +54,5 @@ def coding(
             )
             origin = tuple(c[0] for c in calls[: len(steps)])
             reward = 1.0 if trace.resolved else 0.0
-            w.trajectories.append(
-                WorkTraj(
-                    tid,
-                    trace.id,
-                    s,
-                    steps,
-                    reward,
-                    trace=trace.id,
-                    origin=origin,
-                    system=system_tokens(trace),
-                )
-            )
+            w.trajectories.append(WorkTraj(tid, trace.id, s, steps, reward, trace=trace.id, origin=origin))
     return w
