@@ -50,6 +50,7 @@ class _Seq:
     step0: int = 0  # decode step at which ``generated`` was last brought up to date
     finish_step: int = 0
     cached: int = 0  # tokens of context reused from the prefix cache in the current admission
+    shares_to: int = 0  # the longest of its shared prefixes: past it, nothing is anyone else's
     prefill_left: int = 0
     first_cached: int = -1
     queue_s: float = 0.0
@@ -238,7 +239,7 @@ class SimCore:
             self._ended.discard(req.prefix_key)
         arrival = max(now, self._now)
         self._seq += 1
-        s = _Seq(req, self._seq, mark=arrival)
+        s = _Seq(req, self._seq, mark=arrival, shares_to=max((t for _, t in req.shared_prefix), default=0))
         self._reqs[req.rid] = s
         heapq.heappush(self._arrivals, (arrival, s.seq, req.rid))
         self._waiting += 1
@@ -427,7 +428,7 @@ class SimCore:
             uncached = s.context - cached
             hosted = self.host.length(key) if self.host is not None and key is not None else 0
             loads = max(0, min(hosted, s.context) - cached)
-            shared = self._shared_here(s, cached + loads)
+            shared = self._shared_here(s, cached + loads) if cached + loads < s.shares_to else 0
             compute = uncached - loads - shared
             take = min(compute, budget)
             if compute and not take:
