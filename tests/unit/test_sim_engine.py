@@ -399,13 +399,14 @@ shared_request = st.tuples(
     st.integers(1, 600),  # input_len
     st.integers(0, 300),  # max_new_tokens
     st.sampled_from([0.0, 1.0, 2.0]),  # priority
-    st.sampled_from("abcdef"),  # prefix_key: a trajectory
+    st.sampled_from(["a", "b", "c", "d", "e", None]),  # prefix_key: a trajectory (None: a request of no key)
     # what its input starts with: a task set's system prompt, a group's prompt (levels, shortest first)
     st.lists(st.tuples(st.sampled_from("xyz"), st.integers(0, 700)), max_size=2).map(
         lambda levels: tuple(sorted(levels, key=lambda level: level[1]))
     ),
     st.floats(0.0, 0.05),  # gap before arrival, seconds
-    st.booleans(),  # end the trajectory after it
+    # then: nothing, end the trajectory, abort an earlier request, or commit new weights
+    st.sampled_from(["", "end", "abort", "commit"]),
 )
 
 
@@ -414,8 +415,9 @@ shared_request = st.tuples(
 def test_shared_prompts_keep_kv_bounded_and_every_request_exact(workload: list, args: dict) -> None:
     core = SimCore(PERF, **args)
     outs: list[EngineOutput] = []
+    aborted: set[str] = set()
     t = 0.0
-    for i, (input_len, max_new, priority, key, shared, gap, end) in enumerate(workload):
+    for i, (input_len, max_new, priority, key, shared, gap, then) in enumerate(workload):
         t += gap
         outs += core.advance(t)
         check(core)
@@ -425,16 +427,26 @@ def test_shared_prompts_keep_kv_bounded_and_every_request_exact(workload: list, 
             ),
             t,
         )
-        if end:
+        if then == "end" and key is not None:
             core.end_prefix(key)
+        elif then == "abort" and (out := core.abort(f"r{i // 2}", t)) is not None:
+            outs.append(out)
+            aborted.add(out.rid)
+        elif then == "commit":
+            core.commit_weights(f"v{i}", t)
+        check(core)
     outs += drain(core)
     assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
     for o in outs:
         input_len, max_new = workload[int(o.rid[1:])][:2]
-        assert (o.finish_reason, o.output_len) == ("length", max_new)
+        if o.rid in aborted:
+            assert o.finish_reason == "abort" and o.output_len <= max_new
+        else:
+            assert (o.finish_reason, o.output_len) == ("length", max_new)
         assert 0 <= o.cached_tokens <= input_len
     assert core.generated_tokens == sum(o.output_len for o in outs)
     assert_idle(core)
+    assert not core._live  # no request in the batch is left offering its context
 
 
 def _prompt_then_sibling(shared: tuple[str, int] | None, sibling_group: str = "g") -> EngineOutput:

@@ -30,6 +30,7 @@ def test_a_run_from_before_the_clairvoyant_compares_its_oracle_with_the_clairvoy
     assert out["losing"] == []
     assert out["cells"]["prediction/search/clairvoyant"] == 1.0
     assert out["only_now"] == ["prediction/search/oracle"]
-    # A run that has both is compared name for name.
+    # Two runs from before are compared name for name, and so is a run that has both.
+    assert compare(before, before, EXPERIMENTS)["cells"]["prediction/search/oracle"] == 1.0
     out = compare(now, _results({"oracle": 70.0, "clairvoyant": 80.0, "learned": 50.0}), EXPERIMENTS)
     assert [c["cell"] for c in out["losing"]] == ["prediction/search/oracle"]

@@ -48,12 +48,16 @@ def cell_throughputs(results: dict[str, Any], experiments: Sequence[str]) -> dic
     return out
 
 
-def like_for_like(cells: dict[str, float]) -> dict[str, float]:
-    """An earlier run's cells under today's names. Until the prediction ablation's oracle was split in two,
-    it knew each tool latency's draw: that idealisation is the clairvoyant now, and the oracle knows each
-    latency at its mean only. A run without clairvoyant cells is one from before, and its oracle is compared
-    with the clairvoyant."""
-    if any(c.startswith("prediction/") and c.endswith("/clairvoyant") for c in cells):
+def _clairvoyant(cells: dict[str, float]) -> bool:
+    return any(c.startswith("prediction/") and c.endswith("/clairvoyant") for c in cells)
+
+
+def like_for_like(cells: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """An earlier run's cells under the names of ``now``'s. Until the prediction ablation's oracle was split
+    in two, it knew each tool latency's draw: that idealisation is the clairvoyant now, and the oracle knows
+    each latency at its mean only. A run without clairvoyant cells is one from before, and its oracle is
+    compared with the clairvoyant of a run that has one."""
+    if _clairvoyant(cells) or not _clairvoyant(now):
         return cells
     return {
         (
@@ -71,7 +75,8 @@ def compare(
     """Each cell both runs hold: now over before. ``losing``: the cells below ``1 - tolerance``, worst
     first; the baselines' cells move only with the engine model, Loom's with everything. ``experiments``: the
     suite's ablations (``heddle_suite.EXPERIMENTS``)."""
-    before, now = like_for_like(cell_throughputs(prev, experiments)), cell_throughputs(cur, experiments)
+    now = cell_throughputs(cur, experiments)
+    before = like_for_like(cell_throughputs(prev, experiments), now)
     common = [c for c in now if c in before and before[c] > 0]
     ratios = {c: round(now[c] / before[c], 4) for c in common}
     losing = sorted((c for c in common if ratios[c] < 1 - tolerance), key=lambda c: (ratios[c], c))

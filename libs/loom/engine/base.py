@@ -45,7 +45,8 @@ class EngineRequest:
     # Where the input's start is the same as other trajectories': (key, tokens) levels of a radix tree, the
     # shortest first. E.g. the system prompt every trajectory of a task set starts with, then the prompt a GRPO
     # group's samples share. Real engines find such prefixes in their cache by content (SGLang's radix tree,
-    # vLLM's block hashes); the simulated one keys its cache by trajectory, so it is told where they coincide.
+    # vLLM's block hashes); the simulated one keys its cache by trajectory (``prefix_key``: none, none shared),
+    # so it is told where they coincide.
     shared_prefix: tuple[tuple[str, int], ...] = ()
     ignore_eos: bool = False
     # Larger value = served first (SGLang's convention with --enable-priority-scheduling).

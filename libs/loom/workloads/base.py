@@ -105,6 +105,9 @@ class Workload:
             out.setdefault(t.prompt, []).append(t)
         return out
 
+    def _system_key(self, t: WorkTraj) -> str:
+        return f"system:{t.task or self.name}"
+
     def shared_prefixes(self) -> dict[str, tuple[tuple[str, int], ...]]:
         """Each trajectory's ``EngineRequest.shared_prefix``: its task set's system prompt, then its group's
         prompt where every sample starts from the same first input (same length: a replayed trace set's trials
@@ -114,15 +117,16 @@ class Workload:
         # A set's system prompt, as its traces count it (the least of them, should they differ).
         system: dict[str, int] = {}
         for t in self.trajectories:
-            key = f"system:{t.task or self.name}"
-            system[key] = min(system.get(key, t.system), t.system, t.steps[0].input_len if t.steps else 0)
+            if t.steps:
+                key = self._system_key(t)
+                system[key] = min(system.get(key, t.system), t.system, t.steps[0].input_len)
         for prompt, group in self.by_prompt().items():
             firsts = {t.steps[0].input_len for t in group if t.steps}
             common = next(iter(firsts)) if len(firsts) == 1 else 0
             for t in group:
-                key = f"system:{t.task or self.name}"
-                levels = [(key, system[key])] if system[key] else []
-                if common > system[key]:
+                shared = system.get(self._system_key(t), 0)
+                levels = [(self._system_key(t), shared)] if shared else []
+                if common > shared:
                     levels.append((f"prompt:{prompt}", common))
                 out[t.id] = tuple(levels)
         return out

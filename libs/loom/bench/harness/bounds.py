@@ -2,6 +2,9 @@
 
 - The longest trajectory's critical path: every call at batch 1 on the fastest worker the cluster could
   have, its prefill of new context included, plus its environment time between calls; no queueing, no interference.
+  Its prompt is prefilled whole in its first call even where another trajectory's prefill of a shared prefix
+  spares it that (``EngineRequest.shared_prefix``): someone prefills that prefix before its first call can use
+  it, and two prefills take no less than one of both.
 - All the work at the cluster's best rate per GPU: every decoded token reading its context, and every
   observation prefilled over the context before it, in as few iterations as the batch limit and the KV
   cache allow, on the best degree. An iteration's time is convex in what it holds (the roofline's max plus

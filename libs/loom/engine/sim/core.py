@@ -239,7 +239,9 @@ class SimCore:
             self._ended.discard(req.prefix_key)
         arrival = max(now, self._now)
         self._seq += 1
-        s = _Seq(req, self._seq, mark=arrival, shares_to=max((t for _, t in req.shared_prefix), default=0))
+        # A request without a key of its own neither offers its context nor looks for another's.
+        shares = req.shared_prefix if req.prefix_key is not None else ()
+        s = _Seq(req, self._seq, mark=arrival, shares_to=max((t for _, t in shares), default=0))
         self._reqs[req.rid] = s
         heapq.heappush(self._arrivals, (arrival, s.seq, req.rid))
         self._waiting += 1
@@ -557,12 +559,13 @@ class SimCore:
     # Sequence transitions
 
     def _shared_here(self, s: _Seq, have: int) -> int:
-        """Tokens of ``s``'s input past the ``have`` it holds that another trajectory starting alike holds in this
-        engine's cache.
+        """Tokens of ``s``'s input past the ``have`` it holds that another trajectory starting alike holds on this
+        engine: in its cache, or computed by its request in the batch now.
 
         Their KV is still counted as the request's own (as if copied, where a radix tree would point at it):
         what sharing saves here is the prefill, and the cache's size stays an upper bound (which the makespan's
-        lower bound, ``loom.bench.harness.bounds``, relies on)."""
+        lower bound, ``loom.bench.harness.bounds``, relies on). A trajectory's keys stay listed on an engine it
+        has left (routed or migrated elsewhere) for the rest of the run: ``end_prefix`` reaches only the last."""
         out = have
         for level, tokens in s.req.shared_prefix:
             if tokens <= out:
@@ -585,7 +588,7 @@ class SimCore:
                     if not keys:
                         self._sharers.pop(other, None)
                 self._ended.discard(k)
-        return max(0, min(out, s.context) - have)
+        return min(out, s.context) - have
 
     def _admit(self, s: _Seq, cached: int, shared: int = 0) -> None:
         s.queue_s += self._now - s.mark
