@@ -94,6 +94,10 @@ GOOD = {"schema": rt.SCHEMA, "group": "g", "sample": 0, "turns": [{"context_toke
             {"turns": [{"context_tokens": 5, "output_tokens": 3, "env_s": -1}]},
             r">= 0.0 - at `\$.turns\[0\].env_s`",
         ),
+        (
+            {"system_tokens": 6, "turns": [{"context_tokens": 5, "output_tokens": 3}]},
+            r"system_tokens 6 exceed the first turn's context_tokens 5 - at `\$.system_tokens`",
+        ),
     ],
 )
 def test_a_malformed_line_names_its_line_and_field(
@@ -128,9 +132,11 @@ def test_a_built_in_workload_written_in_the_schema_loads_as_it_was(name: str, tm
     rec = recorded.load(path)
     assert rec.has_text and list(rec.steps) == [0] and rec.turns_without_env_s == 0
     again = rec.steps[0]
-    assert [(t.id, t.prompt, t.sample, t.steps, t.reward) for t in again.trajectories] == [
-        (t.id, t.prompt, t.sample, t.steps, t.reward) for t in w.trajectories
+    assert [(t.id, t.prompt, t.sample, t.steps, t.reward, t.system) for t in again.trajectories] == [
+        (t.id, t.prompt, t.sample, t.steps, t.reward, t.system) for t in w.trajectories
     ]
+    # What its engines share through the prefix cache with it (tau-bench's airline policy).
+    assert again.shared_prefixes() == w.shared_prefixes()
     # A file records the times that ran, not the means they were drawn from: its oracle knows them all.
     assert all(t.expected_tool_s == t.tool_s for t in again.trajectories)
     # Each call's text is the recorded call it replays (a coding sibling drops or repeats some).

@@ -4,7 +4,7 @@ that Loom's harness can replay it (``loom.workloads.recorded``).
 A line (``SCHEMA`` names the schema and its version; every other field is below):
 
     {"schema": "loom.rollout-trace/1", "group": "q17", "sample": 3, "step": 12, "reward": 1.0,
-     "prompt": "...", "task": "search",
+     "prompt": "...", "task": "search", "system_tokens": 1269,
      "turns": [{"context_tokens": 412, "output_tokens": 96, "cached_tokens": 380, "finish_reason": "stop",
                 "env_s": 1.3, "tool_s": [0.9, 0.4], "action": "...", "observation": "..."}, ...]}
 
@@ -15,6 +15,8 @@ A line (``SCHEMA`` names the schema and its version; every other field is below)
   ``cached_tokens`` the part of the input served from a prefix cache where known, ``finish_reason`` the
   engine's, ``env_s`` the seconds in the environment after it (tool calls, a simulated user, scoring after the
   last), ``tool_s`` each tool call's seconds where known (``env_s`` is their sum where it is not given).
+- ``system_tokens``, where known: how many tokens of its first input every trajectory of its task set starts
+  with (the system prompt, tools, template); engines keep one copy of them in their prefix cache.
 - optional text: ``prompt`` (the prompt's text), per turn ``action`` (the model's output) and ``observation``
   (what the environment returned): the learned predictor reads them.
 
@@ -67,6 +69,7 @@ class Trajectory(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     reward: float | None = None
     prompt: str | None = None
     task: str | None = None
+    system_tokens: NonNeg | None = None
 
     @property
     def key(self) -> str:
@@ -97,6 +100,11 @@ def parse_line(line: str | bytes, where: str = "<line>") -> Trajectory:
         raise TraceFormatError(f"{where}: not JSON: {e}") from None
     if t.schema != SCHEMA:
         raise TraceFormatError(f"{where}: schema {t.schema!r}, this Loom reads {SCHEMA!r} - at `$.schema`")
+    if t.system_tokens is not None and t.system_tokens > t.turns[0].context_tokens:
+        raise TraceFormatError(
+            f"{where}: system_tokens {t.system_tokens} exceed the first turn's context_tokens "
+            f"{t.turns[0].context_tokens} - at `$.system_tokens`"
+        )
     for i, turn in enumerate(t.turns):
         if turn.cached_tokens is not None and turn.cached_tokens > turn.context_tokens:
             raise TraceFormatError(

@@ -84,6 +84,7 @@ def load(path: str | Path, name: str | None = None) -> Recorded:
                     t.reward,
                     task=t.task or "",
                     trace=trace.id if trace is not None else "",
+                    system=t.system_tokens or 0,
                 )
             )
         steps[step] = w
@@ -125,6 +126,7 @@ def to_trace(w: Workload, step: int = 0, traces: Mapping[str, Trace] | None = No
                 reward=t.reward,
                 prompt=trace.task if trace is not None else None,
                 task=t.task or w.name,
+                system_tokens=t.system or None,
             )
         )
     return out
