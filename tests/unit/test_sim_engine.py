@@ -48,6 +48,24 @@ def assert_idle(core: SimCore) -> None:
     assert load.kv_used_tokens == core.cache.tokens == core.cache.evictable
 
 
+def assert_every_request_exact(
+    core: SimCore, outs: list[EngineOutput], max_new: list[int], aborted: set[str] | None = None
+) -> None:
+    """Every request ``r{i}`` came back once: an aborted one with at most ``max_new[i]`` tokens, every other
+    with exactly them, no time negative; the engine's count agrees and it is left idle."""
+    aborted = aborted or set()
+    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(max_new)))
+    for o in outs:
+        n = max_new[int(o.rid[1:])]
+        if o.rid in aborted:
+            assert o.finish_reason == "abort" and o.output_len <= n
+        else:
+            assert (o.finish_reason, o.output_len) == ("length", n)
+        assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
+    assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert_idle(core)
+
+
 # Core: property tests
 
 request = st.tuples(
@@ -93,16 +111,7 @@ def test_kv_bounded_and_every_request_gets_exactly_its_tokens(workload: list, ar
                 aborted.add(out.rid)
             check(core)
     outs += drain(core)
-    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
-    for o in outs:
-        max_new = workload[int(o.rid[1:])][1]
-        if o.rid in aborted:
-            assert o.finish_reason == "abort" and o.output_len <= max_new
-        else:
-            assert (o.finish_reason, o.output_len) == ("length", max_new)
-        assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
-    assert core.generated_tokens == sum(o.output_len for o in outs)
-    assert_idle(core)
+    assert_every_request_exact(core, outs, [r[1] for r in workload], aborted)
 
 
 @given(workload=st.lists(request, min_size=1, max_size=40), args=core_args)
@@ -123,13 +132,8 @@ def test_weight_commits_keep_kv_bounded_and_every_request_exact(workload: list, 
             assert core.cache.tokens == 0 and core.load().running == 0
             assert core.host is None or core.host.tokens == 0
     outs += drain(core)
-    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
-    for o in outs:
-        assert (o.finish_reason, o.output_len) == ("length", workload[int(o.rid[1:])][1])
-        assert min(o.queue_s, o.prefill_s, o.decode_s) >= 0
-    assert core.generated_tokens == sum(o.output_len for o in outs)
+    assert_every_request_exact(core, outs, [r[1] for r in workload])
     assert core.weight_version == (f"v{len(commits)}" if commits else "")
-    assert_idle(core)
 
 
 @given(workload=st.lists(request, min_size=1, max_size=30), args=core_args, at=st.floats(0.0, 2.0))
@@ -436,16 +440,8 @@ def test_shared_prompts_keep_kv_bounded_and_every_request_exact(workload: list, 
             core.commit_weights(f"v{i}", t)
         check(core)
     outs += drain(core)
-    assert sorted(o.rid for o in outs) == sorted(f"r{i}" for i in range(len(workload)))
-    for o in outs:
-        input_len, max_new = workload[int(o.rid[1:])][:2]
-        if o.rid in aborted:
-            assert o.finish_reason == "abort" and o.output_len <= max_new
-        else:
-            assert (o.finish_reason, o.output_len) == ("length", max_new)
-        assert 0 <= o.cached_tokens <= input_len
-    assert core.generated_tokens == sum(o.output_len for o in outs)
-    assert_idle(core)
+    assert_every_request_exact(core, outs, [r[1] for r in workload], aborted)
+    assert all(0 <= o.cached_tokens <= workload[int(o.rid[1:])][0] for o in outs)
     assert not core._live  # no request in the batch is left offering its context
 
 
