@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from loom.data.trace_sets import tool_use_traces
+from loom.data.trace_sets import message_tokens, tool_use_traces
 from loom.data.traces import Trace, TraceStep
 from loom.text.tokenizer import count_tokens
 from loom.workloads.base import Workload, group_traces, lognormal, replay
@@ -38,15 +38,18 @@ def tool_use(
 
     w = Workload("tool_use", __doc__ or "")
     for prompt, trials in list(group_traces(tool_use_traces(path)).items())[:prompts]:
+        policy = [system_message(trace) for trace in trials]
         for s in range(group_size):
             trace = trials[s % len(trials)]
             w.trajectories.append(
-                replay(f"{prompt}#{s}", prompt, s, trace, env_s, env_mean_s, system=system_message(trace))
+                replay(f"{prompt}#{s}", prompt, s, trace, env_s, env_mean_s, system=policy[s % len(trials)])
             )
     return w
 
 
 def system_message(trace: Trace) -> int:
     """Tokens of the airline policy, the system message every task opens with: the first call's context is it
-    and the user's first message (the task, with 4 tokens of role and separators)."""
-    return max(0, trace.steps[0].prompt_tokens - count_tokens(trace.task) - 4) if trace.steps else 0
+    and the user's first message, the task (``tool_use_traces`` counts both)."""
+    if not trace.steps:
+        return 0
+    return max(0, trace.steps[0].prompt_tokens - message_tokens({"role": "user", "content": trace.task}))

@@ -231,16 +231,17 @@ class SimCore:
                 f"request {req.rid!r} needs {req.input_len + req.max_new_tokens} KV tokens, "
                 f"the engine holds {self.kv_capacity}"
             )
-        if req.shared_prefix and req.prefix_key is not None:
-            levels = tuple(dict.fromkeys(level for level, _ in req.shared_prefix))
+        # A request without a key of its own neither offers its context nor looks for another's.
+        shares = req.shared_prefix if req.prefix_key is not None else ()
+        if shares:
+            assert req.prefix_key is not None
+            levels = tuple(dict.fromkeys(level for level, _ in shares))
             for level in levels:
                 self._sharers.setdefault(level, set()).add(req.prefix_key)
             self._levels[req.prefix_key] = levels
             self._ended.discard(req.prefix_key)
         arrival = max(now, self._now)
         self._seq += 1
-        # A request without a key of its own neither offers its context nor looks for another's.
-        shares = req.shared_prefix if req.prefix_key is not None else ()
         s = _Seq(req, self._seq, mark=arrival, shares_to=max((t for _, t in shares), default=0))
         self._reqs[req.rid] = s
         heapq.heappush(self._arrivals, (arrival, s.seq, req.rid))
