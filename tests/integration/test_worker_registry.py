@@ -16,6 +16,9 @@ from loom.runtime.workers import WorkerRegistry, read_workers
 
 FLEET = 256
 STARTS = 20
+# The stalled-watch test's liveness window: well above a heartbeat round of the fleet (256 puts), which took
+# over a second on a loaded two-core CI host with a 1 s window, so that fresh workers read as stale.
+WINDOW_S = 3.0
 
 
 def _info(w: str, beat: float) -> bytes:
@@ -62,7 +65,7 @@ async def test_the_watched_registry_follows_joins_and_deaths_and_survives_a_stal
     nc: NATS, heartbeats: tuple[KeyValue, set[str]]
 ) -> None:
     kv, silent = heartbeats
-    registry = WorkerRegistry(nc.jetstream(), kv, within_s=1.0)
+    registry = WorkerRegistry(nc.jetstream(), kv, within_s=WINDOW_S)
     await registry.start()
     try:
         assert len(await registry.live()) == FLEET
@@ -70,13 +73,13 @@ async def test_the_watched_registry_follows_joins_and_deaths_and_survives_a_stal
         # looks stale is read directly, and the heartbeat there is fresh.
         assert registry._watcher is not None
         await registry._watcher._sub.unsubscribe()
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(WINDOW_S + 0.5)
         assert len(await registry.live()) == FLEET
         # A worker that stops beating is gone once its heartbeat is stale; a deleted one at once.
         silent.add("w7")
         await kv.delete("w8")
         silent.add("w8")
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(WINDOW_S + 0.5)
         live = await registry.live()
         assert len(live) == FLEET - 2 and "w7" not in live and "w8" not in live
     finally:
