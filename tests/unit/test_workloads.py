@@ -160,6 +160,23 @@ def test_a_tool_latency_is_a_draw_and_each_step_keeps_its_mean() -> None:
     assert all(s.expected_env_s == TOOL_USE_TOOL_S for s in steps if s.env_s < USER_BASE_S)
 
 
+def test_a_cluster_plans_each_call_at_its_workloads_mean_environment_time() -> None:
+    """The tool seconds per call a benchmark's cluster plans with are the workload's own mean, as a
+    rollout-trace file's are: coding's and search's latency means exactly, and for tool use the mix of the
+    airline API's calls and the simulated user's replies (a hand-set 0.3 s stood there, the mean is 0.47)."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    from loom.bench.heddle_suite import workload_of
+
+    for name, mean in (("coding", CODING_TOOL_S), ("search", SEARCH_TOOL_S)):
+        w, tool_s = workload_of(name, 12, 0)
+        assert tool_s == mean == w.mean_env_s()
+    w, tool_s = workload_of("tool_use", None, 0)
+    gaps = [s.expected_env_s for t in w.trajectories for s in t.steps[:-1]]
+    user = [g for g in gaps if g >= USER_BASE_S]
+    assert TOOL_USE_TOOL_S < tool_s < max(user) and tool_s == pytest.approx(statistics.mean(gaps), abs=1e-9)
+    assert tool_s == pytest.approx(0.473, abs=0.001)
+
+
 def test_the_mix_interleaves_tagged_groups_of_every_task_within_32k() -> None:
     need_shared("data/traces/swe-gemini3pro.jsonl.gz")
     from loom.bench.workload_mix import mixed

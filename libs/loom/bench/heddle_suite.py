@@ -43,7 +43,7 @@ from loom.bench.harness.learned import Learned
 from loom.bench.harness.rollout import run_rollout
 from loom.bench.harness.served import QUICK_ROW_PROMPTS, ROW_PROMPTS, for_file, served
 from loom.bench.registry import Benchmark
-from loom.bench.rollout import TOOL_S, learned_budget, prediction_quality, tail_figures
+from loom.bench.rollout import learned_budget, prediction_quality, tail_figures
 from loom.bench.speculative import PROMPTS as SPEC_PROMPTS
 from loom.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
 from loom.bench.suite_compare import compare, load_previous
@@ -214,7 +214,8 @@ def workload_of(name: str, prompts: int | None, seed: int, step: int | None = No
     """A cell's batch and the environment seconds per call its cluster assumes: a built-in workload by name
     (GRPO groups of 16), else a rollout-trace file's step ``step`` as recorded."""
     if name in WORKLOADS:
-        return WORKLOADS[name](prompts=prompts, group_size=GROUP, seed=seed), TOOL_S[name]
+        w = WORKLOADS[name](prompts=prompts, group_size=GROUP, seed=seed)
+        return w, w.mean_env_s()
     rec = recorded.load(name)
     return rec.batch(step, prompts), rec.mean_env_s()
 

@@ -28,15 +28,12 @@ from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
 from loom.workloads import WORKLOADS, Workload, recorded
 from loom.workloads.coding import SIBLINGS
-from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
-from loom.workloads.search import TOOL_MEAN_S as SEARCH_TOOL_S
 
 BASELINES = ("verl", "verl_star", "slime")
 # A small version of the cross-fitting for --quick: two folds of fifty steps each (about fifteen seconds).
 QUICK_BUDGET = Budget(steps_per_fold=50, folds=2)
 # Mean environment time per call: the workloads' own tool models (tool use mixes fast API calls with
 # simulated-user turns, about 0.3 s on average).
-TOOL_S = {"coding": CODING_TOOL_S, "search": SEARCH_TOOL_S, "tool_use": 0.3}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -212,7 +209,7 @@ def replay_of(args: argparse.Namespace) -> Replay:
         workload = load_workload(
             args.workload, prompts, GROUP[args.workload], args.seed, args.traces, args.siblings
         )
-        tool_s = TOOL_S[args.workload]
+        tool_s = workload.mean_env_s()
     else:
         rec, steps, tool_s, source = _recorded(args.workload, args.step, prompts)
         workload = steps[0]

@@ -98,6 +98,9 @@ class Workload:
     def groups(self) -> int:
         return len({t.prompt for t in self.trajectories})
 
+    def mean_env_s(self) -> float:
+        return mean_env_s(self.trajectories)
+
     def by_prompt(self) -> dict[str, list[WorkTraj]]:
         """Each prompt's samples (its group), prompts and samples in the workload's order."""
         out: dict[str, list[WorkTraj]] = {}
@@ -188,3 +191,12 @@ def cap_context(steps: tuple[WorkStep, ...], max_context: int = ROLLART_CONTEXT)
     if out:
         out[-1] = out[-1].without_env()
     return tuple(out)
+
+
+def mean_env_s(trajectories: Iterable[WorkTraj]) -> float:
+    """Mean environment seconds per call between calls (the step after the last call only scores it), each
+    at its mean where it is a draw (``WorkStep.expected_env_s``): the tool time per call a cluster plans with
+    (``Cluster.tool_s``), for a built-in workload and a rollout-trace file alike."""
+    gaps = [s.expected_env_s for t in trajectories for s in t.steps[:-1]]
+    # To the nanosecond: a workload whose every call has one mean plans with that mean, not one a rounding off.
+    return round(math.fsum(gaps) / len(gaps), 9) if gaps else 0.0

@@ -12,7 +12,7 @@ from pathlib import Path
 from loom.data import rollout_trace as rt
 from loom.data.traces import Trace, TraceStep
 from loom.protocol import Trajectory as Result
-from loom.workloads.base import Workload, WorkStep, WorkTraj
+from loom.workloads.base import Workload, WorkStep, WorkTraj, mean_env_s
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,8 @@ class Recorded:
         return Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
 
     def mean_env_s(self) -> float:
-        """Mean environment seconds per call between calls, over the file (the last call's is scoring)."""
-        gaps = [s.env_s for w in self.steps.values() for t in w.trajectories for s in t.steps[:-1]]
-        return sum(gaps) / len(gaps) if gaps else 0.0
+        """``loom.workloads.base.mean_env_s`` over every step of the file."""
+        return mean_env_s(t for w in self.steps.values() for t in w.trajectories)
 
 
 def load(path: str | Path, name: str | None = None) -> Recorded:
