@@ -32,8 +32,6 @@ from loom.workloads.coding import SIBLINGS
 BASELINES = ("verl", "verl_star", "slime")
 # A small version of the cross-fitting for --quick: two folds of fifty steps each (about fifteen seconds).
 QUICK_BUDGET = Budget(steps_per_fold=50, folds=2)
-# Mean environment time per call: the workloads' own tool models (tool use mixes fast API calls with
-# simulated-user turns, about 0.3 s on average).
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
