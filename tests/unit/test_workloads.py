@@ -175,6 +175,9 @@ def test_a_cluster_plans_each_call_at_its_workloads_mean_environment_time() -> N
     user = [g for g in gaps if g >= USER_BASE_S]
     assert TOOL_USE_TOOL_S < tool_s < max(user) and tool_s == pytest.approx(statistics.mean(gaps), abs=1e-9)
     assert tool_s == pytest.approx(0.473, abs=0.001)
+    # A batch of a few tasks plans at the whole task set's mean, not at its own (whose users reply faster).
+    few, few_s = workload_of("tool_use", 6, 0)
+    assert few_s == tool_s and few.mean_env_s() < tool_s - 0.05
 
 
 def test_the_mix_interleaves_tagged_groups_of_every_task_within_32k() -> None:

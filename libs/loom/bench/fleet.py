@@ -655,13 +655,14 @@ def call_rates(quick: bool) -> dict[str, dict[str, float]]:
     from loom.bench.harness.cluster import Cluster
     from loom.bench.harness.rollout import run_rollout
     from loom.bench.rollout import GROUP, load_workload
+    from loom.workloads import planned_env_s
 
     gpus = 8
     out: dict[str, dict[str, float]] = {}
     for name in WORKLOADS:
         prompts = (8 if quick else 32) if name == "coding" else None
         w = load_workload(name, prompts, GROUP[name], 0)
-        cl = Cluster(gpus=gpus, gpu="h100", model="qwen3-14b", tool_s=w.mean_env_s())
+        cl = Cluster(gpus=gpus, gpu="h100", model="qwen3-14b", tool_s=planned_env_s(name, GROUP[name], 0))
         r = run_rollout(w, PRESETS["heddle"], cl, "oracle", 0)
         calls = sum(len(t.steps) for t in w.trajectories)
         times = np.array([t for t, _ in r.steps_done])

@@ -49,7 +49,7 @@ from loom.bench.speculative import QUICK_PROMPTS as SPEC_QUICK_PROMPTS
 from loom.bench.suite_compare import compare, load_previous
 from loom.engine.sim.core import Speculation
 from loom.protocol import PolicySpec
-from loom.workloads import WORKLOADS, Workload, recorded
+from loom.workloads import WORKLOADS, Workload, planned_env_s, recorded
 
 WORKLOAD_NAMES = ("coding", "search", "tool_use")
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
@@ -214,8 +214,7 @@ def workload_of(name: str, prompts: int | None, seed: int, step: int | None = No
     """A cell's batch and the environment seconds per call its cluster assumes: a built-in workload by name
     (GRPO groups of 16), else a rollout-trace file's step ``step`` as recorded."""
     if name in WORKLOADS:
-        w = WORKLOADS[name](prompts=prompts, group_size=GROUP, seed=seed)
-        return w, w.mean_env_s()
+        return WORKLOADS[name](prompts=prompts, group_size=GROUP, seed=seed), planned_env_s(name, GROUP, seed)
     rec = recorded.load(name)
     return rec.batch(step, prompts), rec.mean_env_s()
 

@@ -26,7 +26,7 @@ from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, for
 from loom.bench.registry import Benchmark
 from loom.predict import evaluate
 from loom.protocol import PRESETS, PolicySpec
-from loom.workloads import WORKLOADS, Workload, recorded
+from loom.workloads import WORKLOADS, Workload, planned_env_s, recorded
 from loom.workloads.coding import SIBLINGS
 
 BASELINES = ("verl", "verl_star", "slime")
@@ -207,7 +207,7 @@ def replay_of(args: argparse.Namespace) -> Replay:
         workload = load_workload(
             args.workload, prompts, GROUP[args.workload], args.seed, args.traces, args.siblings
         )
-        tool_s = workload.mean_env_s()
+        tool_s = planned_env_s(args.workload, GROUP[args.workload], args.seed, args.traces)
     else:
         rec, steps, tool_s, source = _recorded(args.workload, args.step, prompts)
         workload = steps[0]

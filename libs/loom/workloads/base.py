@@ -197,6 +197,7 @@ def mean_env_s(trajectories: Iterable[WorkTraj]) -> float:
     """Mean environment seconds per call between calls (the step after the last call only scores it), each
     at its mean where it is a draw (``WorkStep.expected_env_s``): the tool time per call a cluster plans with
     (``Cluster.tool_s``), for a built-in workload and a rollout-trace file alike."""
-    gaps = [s.expected_env_s for t in trajectories for s in t.steps[:-1]]
+    trajs = list(trajectories)
+    gaps = sum(len(t.steps) - 1 for t in trajs if t.steps)
     # To the nanosecond: a workload whose every call has one mean plans with that mean, not one a rounding off.
-    return round(math.fsum(gaps) / len(gaps), 9) if gaps else 0.0
+    return round(math.fsum(t.expected_tool_s for t in trajs) / gaps, 9) if gaps else 0.0

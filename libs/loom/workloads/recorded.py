@@ -48,7 +48,8 @@ class Recorded:
         return Workload(w.name, w.source, [t for t in w.trajectories if t.prompt in keep])
 
     def mean_env_s(self) -> float:
-        """``loom.workloads.base.mean_env_s`` over every step of the file."""
+        """``loom.workloads.base.mean_env_s`` over every step of the file; a turn it gives no time for counts
+        as the 0 s it replays at (``turns_without_env_s``)."""
         return mean_env_s(t for w in self.steps.values() for t in w.trajectories)
 
 
