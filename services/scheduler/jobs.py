@@ -116,12 +116,9 @@ class JobManager:
         # was not saved before the last scheduler died) ends its job now.
         tripped: dict[str, str] = {}
         for h in await through_failover(functools.partial(results.scan_headers, self.rt.js)):
-            seen = self.done.get(h.job_id)
-            if seen is not None and h.traj_id not in seen:
-                seen[h.traj_id] = h.status
-                cause = self.breakers[h.job_id].see(h.status, h.finish_reason)
-                if cause is not None:
-                    tripped[h.job_id] = cause
+            cause = self._finished(h.job_id, h.traj_id, h.status, h.finish_reason)
+            if cause is not None:
+                tripped[h.job_id] = cause
         for job_id, cause in tripped.items():
             await self._trip(job_id, cause)
         log.info("reloaded %d jobs (%d active)", len(self.jobs), len(self.done))
@@ -260,9 +257,7 @@ class JobManager:
         seen = self.done.get(ev.job_id)
         if seen is None:
             return
-        new = ev.traj_id not in seen
-        seen[ev.traj_id] = ev.status
-        cause = self.breakers[ev.job_id].see(ev.status, ev.cause) if new else None
+        cause = self._finished(ev.job_id, ev.traj_id, ev.status, ev.cause)
         if cause is not None:
             await self._trip(ev.job_id, cause)
             return
@@ -277,6 +272,16 @@ class JobManager:
                 self.settings.progress_save_s, self._save_progress, ev.job_id
             )
 
+    def _finished(self, job_id: str, traj_id: str, status: str, cause: str) -> str | None:
+        """Count one stored result of an active job, however it was learnt (its event, a reload's or a
+        recount's scan of the results): the breaker sees each trajectory once, the first time. Returns the
+        cause the job's breaker trips on, if it does."""
+        seen = self.done.get(job_id)
+        if seen is None or traj_id in seen:
+            return None
+        seen[traj_id] = status
+        return self.breakers[job_id].see(status, cause)
+
     def _save_progress(self, job_id: str) -> None:
         self._saving.discard(job_id)
         task = asyncio.create_task(self._refresh(job_id, recount=False))
@@ -289,8 +294,15 @@ class JobManager:
         if job is None or seen is None or job.state in TERMINAL_JOB_STATES:
             return
         if recount and await results.count_results(self.rt.js, job_id) > len(seen):
-            for h in await results.scan_headers(self.rt.js, job_id):  # events were missed
-                seen[h.traj_id] = h.status
+            # Events were missed, or are on their way (a result is stored before its event is sent): what the
+            # scan finds first, the breaker sees here, as the event would have shown it (CI once saw a job of
+            # two failed trajectories end "completed": a reconcile took both from the store, and their events
+            # then found them seen).
+            for h in await results.scan_headers(self.rt.js, job_id):
+                cause = self._finished(job_id, h.traj_id, h.status, h.finish_reason)
+                if cause is not None:
+                    await self._trip(job_id, cause)
+                    return
         completed = sum(1 for s in seen.values() if s == "completed")
         failed = len(seen) - completed
         if (completed, failed) == (job.completed, job.failed):
