@@ -233,13 +233,19 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     assert (tmp_path / "progressive" / "model.onnx").exists()
     # Kendall's tau-b within batches on every trace set, for what the predictor serves, its text model and
     # each free heuristic; recall and Pearson beside it, the served against the best free heuristic paired by
-    # batch; and again with the predictor trained on the other two trace sets alone.
-    assert set(out["ranking"]) == {"coding", "search", "tool_use", "held_out"}
-    assert set(out["ranking"]["held_out"]) == {"coding", "search", "tool_use"}
-    methods = {"served", "learned", "first_sibling", "previous_epoch", "previous_mean", "prompt_length"}
-    for rows in [
-        *(v for k, v in out["ranking"].items() if k != "held_out"),
-        *out["ranking"]["held_out"].values(),
+    # batch; again with the predictor trained on the other two trace sets alone; and in a first epoch, where
+    # no heuristic reads the prompt's earlier samples.
+    assert set(out["ranking"]) == {"coding", "search", "tool_use", "held_out", "first_epoch"}
+    assert (
+        set(out["ranking"]["held_out"])
+        == set(out["ranking"]["first_epoch"])
+        == {"coding", "search", "tool_use"}
+    )
+    every = {"served", "learned", "first_sibling", "previous_epoch", "previous_mean", "prompt_length"}
+    for rows, methods in [
+        *((v, every) for k, v in out["ranking"].items() if k not in ("held_out", "first_epoch")),
+        *((v, every) for v in out["ranking"]["held_out"].values()),
+        *((v, every - {"previous_epoch", "previous_mean"}) for v in out["ranking"]["first_epoch"].values()),
     ]:
         assert "step0" in rows
         for step in ("step0", "step1", "step2", "step5"):

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom.bench.predictor_ranking import heuristic_scores, known_at, ranking_report, within_batches
+from loom.bench.predictor_ranking import (
+    FIRST_EPOCH,
+    heuristic_scores,
+    known_at,
+    ranking_report,
+    within_batches,
+)
 from loom.predict.evaluate import kendall_tau_b
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
@@ -84,3 +90,16 @@ def test_a_perfect_score_ranks_every_batch_perfectly_and_reports_steps_reached()
     # The served scores are set beside the best free heuristic (the text model is not free), batch by batch.
     vs = report["step0"]["served_vs_best"]
     assert vs["best"] != "learned" and vs["diff"] > 0
+
+
+def test_a_first_epoch_report_knows_no_earlier_sample_and_holds_served_to_what_is_left() -> None:
+    """In a first epoch no heuristic reads the prompt's earlier samples: a served score that ranks only as
+    well as the prompt's length is level with the best heuristic left."""
+    w = _workload()
+    exact = {t.id: np.full(len(t.steps), float(t.output_tokens)) for t in w.trajectories}
+    by_prompt = {t.id: float(t.steps[0].input_len) for t in w.trajectories}
+    report = ranking_report(w, exact, {0: by_prompt}, drop=FIRST_EPOCH)
+    assert set(report["step0"]) == {"served", "learned", "first_sibling", "prompt_length", "served_vs_best"}
+    vs = report["step0"]["served_vs_best"]
+    assert vs["best"] == "prompt_length" and vs["diff"] == 0.0
+    assert {"previous_epoch", "previous_mean"} <= set(ranking_report(w, exact, {0: by_prompt})["step0"])

@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _ranking(quick: bool, seed: int, console: Console) -> tuple[dict[str, Any], Served]:
     """Kendall's tau-b within batches per trace set, step and method, with recall and Pearson's r beside it,
-    and the served combiner tested on each trace set with the other two alone (``held_out``); and a combiner
+    and the served combiner tested on each trace set with the other two alone (``held_out``) and as a first
+    epoch knows it (``first_epoch``); and a combiner
     with what is known of ``LATENCY_WINDOWS`` trajectories at step 2, for the served latency."""
     from loom.bench import predictor_ranking as pr
     from loom.bench.harness.learned import cross_fitted
@@ -214,6 +215,11 @@ def _ranking(quick: bool, seed: int, console: Console) -> tuple[dict[str, Any], 
         }
     out["held_out"] = {
         name: pr.ranking_report(w, held_out_text[name], held_out[name], pr.STEPS)
+        for name, w in workloads.items()
+    }
+    first = pr.cross_fitted_served(workloads, learned, budget, prompts, drop=pr.FIRST_EPOCH)
+    out["first_epoch"] = {
+        name: pr.ranking_report(w, learned[name], first[name], pr.STEPS, drop=pr.FIRST_EPOCH)
         for name, w in workloads.items()
     }
     # Every trace set's trajectories at step 2 in turn (history, siblings, pace: the combiner's dearest cells).
@@ -323,8 +329,9 @@ def _print(console: Console, r: dict[str, Any]) -> None:
             )
         )
     for title, ranking in (
-        ("", {k: v for k, v in r["ranking"].items() if k != "held_out"}),
+        ("", {k: v for k, v in r["ranking"].items() if k not in ("held_out", "first_epoch")}),
         (", the combiner fitted on the other trace sets alone", r["ranking"].get("held_out", {})),
+        (", in a first epoch (no earlier samples of a prompt)", r["ranking"].get("first_epoch", {})),
     ):
         t = Table(title=f"Kendall's tau-b within batches of 8 prompts (95% interval over batches){title}")
         for col in ("trace set", "step", *RANK_METHODS, "served - best"):

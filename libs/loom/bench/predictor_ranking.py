@@ -26,6 +26,10 @@ not free), paired batch by batch.
 
 ``held_out``: the combiner fitted on two workloads and tested on the third (every rotation), against the
 heuristics on that third: how it does on a workload it never saw.
+
+``first_epoch``: every trajectory as a job's first epoch knows it, no earlier sample of its prompt (what a
+``heddle-suite`` cell's predictor knows), against the free heuristics left there (the first sibling, the
+prompt's length): the served predictor should degrade to the best of them, never below it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ HEURISTICS = ("learned", "previous_epoch", "previous_mean", "first_sibling", "pr
 METHODS = ("served", *HEURISTICS)
 # What a rollout system has without a trained model: the bar the served predictor is held to.
 FREE = tuple(m for m in HEURISTICS if m != "learned")
+# What a first epoch does not know: its prompts' earlier samples, and so the heuristics read from them.
+FIRST_EPOCH = ("history",)
+NEEDS_HISTORY = ("previous_epoch", "previous_mean")
 
 
 @dataclass(frozen=True)
@@ -87,13 +94,15 @@ def cross_fitted_served(
     budget: Budget,
     prompts: Mapping[str, int | None],
     steps: Sequence[int] = STEPS,
+    drop: Sequence[str] = (),
 ) -> dict[str, dict[int, dict[str, float]]]:
     """workload -> step -> id -> the served total, each prompt's by the combiner of its batch's fold (fitted
-    on the rows of every other fold's prompts, of all the workloads)."""
+    on the rows of every other fold's prompts, of all the workloads); ``drop``: groups of knowledge it is
+    served without (``FIRST_EPOCH``)."""
     models = fold_combiners(budget, prompts)
     fold = combiner_folds(budget, prompts)
     return {
-        name: _served(w, learned[name], steps, lambda t: models[fold[prompt_key(t)]])
+        name: _served(w, learned[name], steps, lambda t: models[fold[prompt_key(t)]], drop)
         for name, w in workloads.items()
     }
 
@@ -128,11 +137,15 @@ def _served(
     text: Mapping[str, np.ndarray],
     steps: Sequence[int],
     model_of: Callable[[WorkTraj], combine.Combiner],
+    drop: Sequence[str] = (),
 ) -> dict[int, dict[str, float]]:
     """step -> id -> the served total of each trajectory still running, by the combiner ``model_of`` it."""
     by_id = {t.id: t for t in w.trajectories}
     return {
-        k: {tid: model_of(by_id[tid]).total(known) for tid, known in known_at(w, k, text).items()}
+        k: {
+            tid: model_of(by_id[tid]).total(combine.masked(known, drop))
+            for tid, known in known_at(w, k, text).items()
+        }
         for k in steps
     }
 
@@ -228,17 +241,23 @@ def ranking_report(
     learned: Mapping[str, np.ndarray],
     served: Mapping[int, Mapping[str, float]] | None = None,
     steps: Sequence[int] = STEPS,
+    drop: Sequence[str] = (),
 ) -> dict[str, dict[str, object]]:
-    """step -> method -> figures (and ``served_vs_best``), for the steps some trajectories reach."""
+    """step -> method -> figures (and ``served_vs_best``), for the steps some trajectories reach; ``drop``:
+    groups of knowledge nobody has (``FIRST_EPOCH``: the heuristics read from history are left out)."""
     report: dict[str, dict[str, object]] = {}
     for k in steps:
-        known = known_at(workload, k, learned)
+        known = {tid: combine.masked(kn, drop) for tid, kn in known_at(workload, k, learned).items()}
         if len(known) < 2:
             continue
         by_method: dict[str, Mapping[str, float]] = {}
         if served is not None and k in served:
             by_method["served"] = served[k]
-        by_method |= heuristic_scores(known)
+        by_method |= {
+            m: v
+            for m, v in heuristic_scores(known).items()
+            if "history" not in drop or m not in NEEDS_HISTORY
+        }
         fig = step_report(workload, by_method)
         if any(m in fig for m in METHODS):
             report[f"step{k}"] = fig
