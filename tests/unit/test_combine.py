@@ -213,3 +213,51 @@ def test_the_combined_candidate_is_scored_as_it_serves_each_cell() -> None:
             if combine.pattern(feats[i]) == p:
                 want = math.log(combine.survived_median(m.centre_of(feats[i]), m.sd, gen[i]))
                 assert got[j] == pytest.approx(want), (p, i)
+
+
+def _both(n_prompts: int, seed: int) -> list[Row]:
+    """Groups of 4 whose totals follow their prompt's length and their history's centre alike (the geometric
+    mean of the two): each heuristic alone ranks half of what tells."""
+    rng = random.Random(seed)
+    out = []
+    for p in range(n_prompts):
+        prompt_len, centre = rng.uniform(100, 10_000), rng.uniform(100, 10_000)
+        for i in range(4):
+            total = math.sqrt(prompt_len * centre) * math.exp(rng.gauss(0, 0.2))
+            history = tuple(centre * math.exp(rng.gauss(0, 0.3)) for _ in range(3))
+            known = Known(0, 0.0, prompt_len, None, history)
+            out.append(Row(known, total, f"p{p}", f"b{p // 8}", f"p{p}-{i}"))
+    return out
+
+
+def _mean_tau(rows: list[Row], scores: list[float]) -> float:
+    batches = sorted({r.batch for r in rows})
+    return float(
+        np.mean(
+            [
+                kendall_tau_b(
+                    [s for s, r in zip(scores, rows, strict=True) if r.batch == b],
+                    [r.total for r in rows if r.batch == b],
+                )
+                for b in batches
+            ]
+        )
+    )
+
+
+def test_where_two_heuristics_each_tell_part_the_blend_of_their_scores_serves_and_ranks_above_both() -> None:
+    model = combine.fit(_both(160, 3))
+    assert model.chosen["history@0"] == "blend", model.chosen
+    assert model.regimes["history@0"].columns == (
+        "h_prompt_length",
+        "h_previous_epoch",
+        "h_previous_mean",
+        "h_first_sibling",
+    )
+    test = _both(80, 4)
+    served = [model.total(r.known) for r in test]
+    prompt = _mean_tau(test, [r.known.prompt_len for r in test])
+    history = _mean_tau(test, [float(np.mean(np.log(r.known.history))) for r in test])
+    assert _mean_tau(test, served) > max(prompt, history) + 0.05, (prompt, history)
+    again = combine.Combiner.from_json(json.loads(json.dumps(model.to_json())))
+    assert [again.total(r.known) for r in test] == served

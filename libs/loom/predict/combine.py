@@ -19,11 +19,16 @@ of lengths has no text, a first epoch no history, a first call no pace, a group 
 steps. Which serves is chosen per *regime*: what a whole batch has or lacks alike (text, history) and the step
 range, since a batch mixes cells (some of its trajectories have a finished sibling, others not) and is ranked
 as a whole. A regime's candidates are the combined model (each trajectory by its cell's regression) and each
-heuristic available in it (a regression on the heuristic's score alone, which ranks as the heuristic does).
-Inner folds (by prompt) of the training data give every candidate's estimates on prompts it never saw, and
-Kendall's tau within the training batches, each ranked whole; the combined model serves a regime only if it
-beats the best heuristic by a paired sign-flip test over the batches (level ``1 - CONFIDENCE``), else that
-heuristic serves: where the features add nothing on the inner folds, the regime ranks as its best heuristic.
+heuristic available in it (a regression on the heuristic's score alone, which ranks as the heuristic does),
+and the blend: one regression on every available heuristic's score together (each floored at what was
+generated, as a scheduler would rank by it), fitted on the regime's rows alike, so that one model ranks a whole
+batch where the combined cells' regressions each rank part of it. Inner folds (by prompt) of the training data
+give every candidate's estimates on prompts it never saw, and Kendall's tau within the training batches, each
+ranked whole. The blend is chosen as a heuristic is, by its mean tau: a few weights on scores that each rank a
+batch whole, fitted on thousands of rows, its out-of-fold tau is what it serves. The combined model serves a
+regime only if it beats the best of the others by a paired sign-flip test over the batches (level
+``1 - CONFIDENCE``): where the features add nothing on the inner folds, the regime ranks as its best heuristic
+or blend.
 A workload with enough prompts gets regimes of its own; the pooled ones, which serve every other workload,
 choose their candidate leaving one workload out at a time, for the least it loses to that workload's best
 heuristic. (Measured in ``loom bench predictor``'s ``held_out``: from two workloads, that choice still loses to
@@ -256,8 +261,8 @@ class Combiner:
         b = bucket(step)
         chosen = self.regimes.get(_key(regime(feats), b))
         if chosen is not None:
-            name = chosen.columns[0].removeprefix("h_")
-            return chosen.centre_of({chosen.columns[0]: heuristic(name, feats)}), chosen.sd
+            scores = {c: heuristic(c.removeprefix("h_"), feats) for c in chosen.columns}
+            return chosen.centre_of(scores), chosen.sd
         model = self.cells.get(_key(pattern(feats), b))
         if model is None:  # a cell no training row fell in: the nearest with fewer groups
             model = self._nearest(feats, step)
@@ -406,7 +411,7 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
     for key, idx in sorted(regimes.items()):
         ix = np.array(idx)
         have = set(_parse(key)[0])
-        candidates = ["combined"] + [n for n, (g, _) in HEURISTICS.items() if g is None or g in have]
+        candidates = ["combined", "blend", *available(have)]
         oof = {n: np.zeros(len(ix)) for n in candidates}
         for inner in range(int(folds.max()) + 1):
             test = folds[ix] == inner
@@ -422,10 +427,16 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
             name = _choose(oof, y[ix], batches, seed)
         out.chosen[key] = name
         if name != "combined":
-            h = np.array([[heuristic(name, feats[i])] for i in idx])
-            out.regimes[key] = fit_linear(h, y[ix], (f"h_{name}",))
+            scores = available(have) if name == "blend" else [name]
+            h = np.array([[heuristic(n, feats[i]) for n in scores] for i in idx])
+            out.regimes[key] = fit_linear(h, y[ix], tuple(f"h_{n}" for n in scores))
     out.fallback = fit_linear(np.array([[f[c] for c in BASE] for f in feats]), y, BASE)
     return out
+
+
+def available(have: set[str]) -> list[str]:
+    """The heuristics a regime with groups ``have`` has (those that need no group, and those it has)."""
+    return [n for n, (g, _) in HEURISTICS.items() if g is None or g in have]
 
 
 def _matrix(feats: Sequence[dict[str, float]], idx: Iterable[int], columns: Sequence[str]) -> np.ndarray:
@@ -441,12 +452,16 @@ def _predict_oof(
     test_ix: np.ndarray,
 ) -> list[float]:
     """Log estimates for ``test_ix`` by candidate ``name`` fitted on ``train_ix`` (one regime's rows): a
-    heuristic's regression on its score, or the combined model of each row's own cell (the regime's base
-    model where the training rows hold none of that cell)."""
+    heuristic's regression on its score, the blend's on every available heuristic's, or the combined model of
+    each row's own cell (the regime's base model where the training rows hold none of that cell)."""
     centres, sds = np.zeros(len(test_ix)), np.ones(len(test_ix))
     if name != "combined":
-        m = fit_linear(np.array([[heuristic(name, feats[i])] for i in train_ix]), y[train_ix], ("h",))
-        x = np.array([[heuristic(name, feats[i])] for i in test_ix])
+        # A regime's rows all have or lack its groups alike: the first row tells which heuristics there are.
+        scores = available(set(regime(feats[int(train_ix[0])]))) if name == "blend" else [name]
+        m = fit_linear(
+            np.array([[heuristic(n, feats[i]) for n in scores] for i in train_ix]), y[train_ix], scores
+        )
+        x = np.array([[heuristic(n, feats[i]) for n in scores] for i in test_ix])
         centres[:] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
         sds[:] = m.sd
     else:
@@ -494,7 +509,10 @@ def _least_regret(
         means = {n: float(t.mean()) for n, t in taus.items() if len(t)}
         if not means:
             continue
-        best = max((v for n, v in means.items() if n != "combined"), default=max(means.values()))
+        # The bar is the workload's best heuristic: not the blend, which is fitted.
+        best = max(
+            (v for n, v in means.items() if n not in ("combined", "blend")), default=max(means.values())
+        )
         for n, v in means.items():
             regret[n] = min(regret[n], v - best)
     return max(regret, key=lambda n: (regret[n], n != "combined", n))
@@ -503,7 +521,7 @@ def _least_regret(
 def _choose(oof: dict[str, np.ndarray], y: np.ndarray, batches: Sequence[str], seed: int) -> str:
     """The combined model if it beats the best heuristic by a paired sign-flip test over the batches at level
     ``1 - CONFIDENCE`` (exact over every flip for a few batches, where a bootstrap of four batches would be
-    sure of anything); else the best heuristic by mean tau."""
+    sure of anything); else the best heuristic or the blend by mean tau."""
     taus = _batch_taus(oof, y, batches)
     if not len(taus["combined"]):
         return "combined"
