@@ -204,7 +204,7 @@ def test_the_combined_candidate_is_scored_as_it_serves_each_cell() -> None:
     y = np.array([math.log(k.prompt_len if not k.finished else rng.uniform(100, 10_000)) for k in known])
     gen = np.array([k.generated for k in known])
     train, test = np.arange(0, 40), np.arange(40, 60)
-    got = combine._predict_oof("combined", feats, y, gen, train, test)
+    got = combine._predict_oof(None, feats, y, gen, train, test)
     for p in ((), ("finished",)):
         own = [int(i) for i in train if combine.pattern(feats[i]) == p]
         cols = combine._columns(p)

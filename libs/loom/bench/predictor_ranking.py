@@ -61,7 +61,6 @@ METHODS = ("served", *HEURISTICS)
 FREE = tuple(m for m in HEURISTICS if m != "learned")
 # What a first epoch does not know: its prompts' earlier samples, and so the heuristics read from them.
 FIRST_EPOCH = ("history",)
-NEEDS_HISTORY = ("previous_epoch", "previous_mean")
 
 
 @dataclass(frozen=True)
@@ -244,7 +243,8 @@ def ranking_report(
     drop: Sequence[str] = (),
 ) -> dict[str, dict[str, object]]:
     """step -> method -> figures (and ``served_vs_best``), for the steps some trajectories reach; ``drop``:
-    groups of knowledge nobody has (``FIRST_EPOCH``: the heuristics read from history are left out)."""
+    groups of knowledge nobody has (``FIRST_EPOCH``), and the heuristics read from them left out (the group
+    each needs is the combiner's, ``combine.HEURISTICS``)."""
     report: dict[str, dict[str, object]] = {}
     for k in steps:
         known = {tid: combine.masked(kn, drop) for tid, kn in known_at(workload, k, learned).items()}
@@ -254,9 +254,7 @@ def ranking_report(
         if served is not None and k in served:
             by_method["served"] = served[k]
         by_method |= {
-            m: v
-            for m, v in heuristic_scores(known).items()
-            if "history" not in drop or m not in NEEDS_HISTORY
+            m: v for m, v in heuristic_scores(known).items() if combine.HEURISTICS[m][0] not in drop
         }
         fig = step_report(workload, by_method)
         if any(m in fig for m in METHODS):

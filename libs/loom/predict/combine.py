@@ -411,23 +411,26 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
     for key, idx in sorted(regimes.items()):
         ix = np.array(idx)
         have = set(_parse(key)[0])
-        candidates = ["combined", "blend", *available(have)]
+        # Each candidate's heuristic scores (None: the combined cells): one, or the blend's all of them.
+        heuristics = available(have)
+        candidates: dict[str, list[str] | None] = {"combined": None, "blend": heuristics}
+        candidates |= {n: [n] for n in heuristics}
         oof = {n: np.zeros(len(ix)) for n in candidates}
         for inner in range(int(folds.max()) + 1):
             test = folds[ix] == inner
             if not test.any() or test.all():
                 continue
             train_ix, test_ix = ix[~test], ix[test]
-            for n in candidates:
-                oof[n][test] = _predict_oof(n, feats, y, gen, train_ix, test_ix)
+            for n, scores in candidates.items():
+                oof[n][test] = _predict_oof(scores, feats, y, gen, train_ix, test_ix)
         batches = [rows[i].batch for i in idx]
         if by_workload:
             name = _least_regret(oof, y[ix], batches, [rows[i].known.workload for i in idx])
         else:
             name = _choose(oof, y[ix], batches, seed)
         out.chosen[key] = name
-        if name != "combined":
-            scores = available(have) if name == "blend" else [name]
+        scores = candidates[name]
+        if scores is not None:
             h = np.array([[heuristic(n, feats[i]) for n in scores] for i in idx])
             out.regimes[key] = fit_linear(h, y[ix], tuple(f"h_{n}" for n in scores))
     out.fallback = fit_linear(np.array([[f[c] for c in BASE] for f in feats]), y, BASE)
@@ -444,20 +447,18 @@ def _matrix(feats: Sequence[dict[str, float]], idx: Iterable[int], columns: Sequ
 
 
 def _predict_oof(
-    name: str,
+    scores: Sequence[str] | None,
     feats: Sequence[dict[str, float]],
     y: np.ndarray,
     gen: np.ndarray,
     train_ix: np.ndarray,
     test_ix: np.ndarray,
 ) -> list[float]:
-    """Log estimates for ``test_ix`` by candidate ``name`` fitted on ``train_ix`` (one regime's rows): a
-    heuristic's regression on its score, the blend's on every available heuristic's, or the combined model of
+    """Log estimates for ``test_ix`` by a candidate fitted on ``train_ix`` (one regime's rows): the regression
+    on heuristic ``scores`` (one heuristic's, or the blend's), or with ``scores`` None the combined model of
     each row's own cell (the regime's base model where the training rows hold none of that cell)."""
     centres, sds = np.zeros(len(test_ix)), np.ones(len(test_ix))
-    if name != "combined":
-        # A regime's rows all have or lack its groups alike: the first row tells which heuristics there are.
-        scores = available(set(regime(feats[int(train_ix[0])]))) if name == "blend" else [name]
+    if scores is not None:
         m = fit_linear(
             np.array([[heuristic(n, feats[i]) for n in scores] for i in train_ix]), y[train_ix], scores
         )
