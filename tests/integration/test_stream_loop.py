@@ -53,7 +53,14 @@ async def start_scheduler(services: Services, key: str = "scheduler", port: int 
 
     settings = SchedulerSettings(port=port, reconcile_s=0.2, api_token=API_TOKEN)
     await services.start(key, "scheduler", settings, build)
-    return holder[0]
+    # Its stream subjects are subscribed only once it holds the lease and has reloaded (Scheduler.run): a
+    # request before then has no responder, which a slow machine (CI) met.
+    for _ in range(500):
+        role = holder[0].role
+        if role is not None and role.active:
+            return holder[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"scheduler {key} did not become active")
 
 
 async def start_envmgr(services: Services, speed: float) -> None:
