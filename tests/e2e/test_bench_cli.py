@@ -256,11 +256,18 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
                         and m["ci95"][0] <= m["diff"] <= m["ci95"][1]
                     )
                     continue
+                if name == "in_sample_bound":
+                    # Its candidates include every heuristic the served model has: never below the best free one.
+                    assert (
+                        m["by"] in (methods - {"served"}) | {"combined", "blend", "whole"}
+                        and m["vs_best"] >= 0
+                    )
+                    continue
                 low, high = m["ci95"]
                 assert -1.0 <= low <= m["tau"] <= high <= 1.0 and m["batches"] >= 1
                 if "recall" in m:
                     assert 0.0 <= m["recall"] <= 1.0 and -1.0 <= m["pearson"] <= 1.0
-        assert set(rows["step0"]) == methods | {"served_vs_best"}
+        assert set(rows["step0"]) == methods | {"served_vs_best", "in_sample_bound"}
 
 
 def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_the_combined_candidate_is_scored_as_it_serves_each_cell() -> None:
     got = combine._predict_oof(None, feats, y, gen, train, test)
     for p in ((), ("finished",)):
         own = [int(i) for i in train if combine.pattern(feats[i]) == p]
-        cols = combine._columns(p)
+        cols = combine.cell_columns(p)
         m = combine.fit_linear(combine._matrix(feats, own, cols), y[own], cols)
         for j, i in enumerate(test):
             if combine.pattern(feats[i]) == p:

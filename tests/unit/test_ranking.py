@@ -99,7 +99,33 @@ def test_a_first_epoch_report_knows_no_earlier_sample_and_holds_served_to_what_i
     exact = {t.id: np.full(len(t.steps), float(t.output_tokens)) for t in w.trajectories}
     by_prompt = {t.id: float(t.steps[0].input_len) for t in w.trajectories}
     report = ranking_report(w, exact, {0: by_prompt}, drop=FIRST_EPOCH)
-    assert set(report["step0"]) == {"served", "learned", "first_sibling", "prompt_length", "served_vs_best"}
+    assert set(report["step0"]) == {
+        "served",
+        "learned",
+        "first_sibling",
+        "prompt_length",
+        "served_vs_best",
+        "in_sample_bound",
+    }
     vs = report["step0"]["served_vs_best"]
     assert vs["best"] == "prompt_length" and vs["diff"] == 0.0
     assert {"previous_epoch", "previous_mean"} <= set(ranking_report(w, exact, {0: by_prompt})["step0"])
+
+
+def test_the_in_sample_bound_finds_what_the_features_tell_and_never_falls_below_a_heuristic() -> None:
+    """Totals set by the prompt (its earlier samples tell it) and a factor of each sample's own (the text
+    model tells it): neither alone ranks a batch, a regression on both does, fitted on the answers."""
+    rng = np.random.default_rng(0)
+    w = Workload("t", "")
+    for p in range(16):
+        level = float(rng.uniform(5, 9))
+        for sample in range(3):
+            w.trajectories.append(
+                _traj(f"p{p:02d}", sample, [int(math.exp(level) * (1 + 0.3 * sample))], 100)
+            )
+    text = {t.id: np.full(len(t.steps), 1000.0 * (1 + 0.3 * t.sample)) for t in w.trajectories}
+    report = ranking_report(w, text, {0: {t.id: 1.0 for t in w.trajectories}})["step0"]
+    bound, best = report["in_sample_bound"], report["served_vs_best"]["best"]
+    assert bound["by"] in ("combined", "blend", "whole") and bound["tau"] > 0.99 > report[best]["tau"] + 0.1
+    assert bound["vs_best"] == pytest.approx(bound["tau"] - report[best]["tau"], abs=0.002)
+    assert "in_sample_bound" not in ranking_report(w, text)["step0"]  # nothing served, nothing to bound

@@ -19,7 +19,9 @@ predictor serves (the combiner over the text model, history, siblings and step),
 (cross-fitted by prompt, as ``loom bench rollout`` runs it) and the free heuristics (a group's first finished
 sibling, the prompt's previous epoch and the mean of its earlier samples, the prompt's length), each with a
 95% interval over batches, recall of the top 10% and Pearson's r beside it, and the combiner fitted on two
-trace sets and tested on the third.
+trace sets and tested on the third. Beside the served model's gain over the best free heuristic stands what
+its forms reach fitted on the very batches they rank (``in_sample_bound``, ``loom.bench.ranking_bound``): an
+idealisation, the most a model of its kind could ask of that step's information.
 
 Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens (``b1``, ``b32``), in a
 process of its own as the service runs it, the contexts tokenised beforehand as the service does on each
@@ -334,13 +336,13 @@ def _print(console: Console, r: dict[str, Any]) -> None:
         (", in a first epoch (no earlier samples of a prompt)", r["ranking"].get("first_epoch", {})),
     ):
         t = Table(title=f"Kendall's tau-b within batches of 8 prompts (95% interval over batches){title}")
-        for col in ("trace set", "step", *RANK_METHODS, "served - best"):
+        for col in ("trace set", "step", *RANK_METHODS, "served - best", "in-sample bound - best"):
             t.add_column(col, justify="right")
         for name, rows in ranking.items():
             for step, methods in rows.items():
                 if not step.startswith("step"):
                     continue
-                vs = methods.get("served_vs_best")
+                vs, bound = methods.get("served_vs_best"), methods.get("in_sample_bound")
                 t.add_row(
                     name,
                     step[4:],
@@ -353,6 +355,7 @@ def _print(console: Console, r: dict[str, Any]) -> None:
                     f"{vs['diff']:+.2f} ({vs['ci95'][0]:+.2f}..{vs['ci95'][1]:+.2f}) vs {vs['best']}"
                     if vs
                     else "-",
+                    f"{bound['vs_best']:+.2f} ({bound['by']})" if bound else "-",
                 )
         console.print(t)
     lat = r["latency_ms"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loom.bench import ranking_bound
 from loom.bench.harness.learned import Budget, cross_fitted
 from loom.bench.harness.served import (
     BATCH_PROMPTS,
@@ -257,6 +258,27 @@ def ranking_report(
             m: v for m, v in heuristic_scores(known).items() if combine.HEURISTICS[m][0] not in drop
         }
         fig = step_report(workload, by_method)
+        vs = fig.get("served_vs_best")
+        if isinstance(vs, dict):
+            fig["in_sample_bound"] = in_sample_bound(workload, known, by_method, vs["best"])
         if any(m in fig for m in METHODS):
             report[f"step{k}"] = fig
     return report
+
+
+def in_sample_bound(
+    workload: Workload, known: Mapping[str, Known], by_method: Mapping[str, Mapping[str, float]], best: str
+) -> dict[str, object]:
+    """The most the served model's forms reach fitted on the answers (``ranking_bound``), or a heuristic the
+    served model has: which, its tau, and its gain over the best free heuristic ``best``, paired by batch."""
+    actual = {t.id: float(t.output_tokens) for t in workload.trajectories}
+    candidates = {m: v for m, v in by_method.items() if m != "served"} | ranking_bound.in_sample_fits(
+        known, actual
+    )
+    taus = batch_taus(workload, candidates)
+    top = max(taus, key=lambda m: (float(np.mean(taus[m])), m in ranking_bound.FORMS))
+    return {
+        "by": top,
+        "tau": round(float(np.mean(taus[top])), 3),
+        "vs_best": round(float(np.mean(np.asarray(taus[top]) - np.asarray(taus[best]))), 3),
+    }

@@ -164,7 +164,7 @@ def bucket(step: int) -> int:
     return max(bisect.bisect_right(STEP_BUCKETS, step) - 1, 0)
 
 
-def _columns(cell_pattern: tuple[str, ...]) -> tuple[str, ...]:
+def cell_columns(cell_pattern: tuple[str, ...]) -> tuple[str, ...]:
     return BASE + tuple(f for g in cell_pattern for f in FEATURES[g])
 
 
@@ -406,7 +406,7 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
         folds = np.array([zlib.crc32(f"inner:{seed}:{r.prompt}".encode()) % INNER_FOLDS for r in rows])
     out = Combiner()
     for key, idx in sorted(cells.items()):
-        cols = _columns(_parse(key)[0])
+        cols = cell_columns(_parse(key)[0])
         out.cells[key] = fit_linear(_matrix(feats, idx, cols), y[idx], cols)
     for key, idx in sorted(regimes.items()):
         ix = np.array(idx)
@@ -475,7 +475,7 @@ def _predict_oof(
         for p, js in by_cell.items():
             own = train_cells.get(p, [])
             # A cell with too few training rows borrows the regime's, on the columns every row has.
-            cols, fit_on = (_columns(p), own) if len(own) >= 2 else (BASE, [int(i) for i in train_ix])
+            cols, fit_on = (cell_columns(p), own) if len(own) >= 2 else (BASE, [int(i) for i in train_ix])
             m = fit_linear(_matrix(feats, fit_on, cols), y[fit_on], cols)
             x = _matrix(feats, [int(test_ix[j]) for j in js], cols)
             centres[js] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
