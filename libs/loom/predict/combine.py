@@ -412,9 +412,14 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
         ix = np.array(idx)
         have = set(_parse(key)[0])
         # Each candidate's heuristic scores (None: the combined cells): one, or the blend's all of them.
-        heuristics = available(have)
-        candidates: dict[str, list[str] | None] = {"combined": None, "blend": heuristics}
-        candidates |= {n: [n] for n in heuristics}
+        # A heuristic whose score is one value over the regime's rows ranks nothing (the first sibling where
+        # none has finished): cross-fitted, its tau within a batch would be the inner fits' intercepts, which
+        # differ between a batch's prompts, and one fold chose it over a prompt length that ranked (search,
+        # first epoch, at admission).
+        heuristics = [n for n in available(have) if np.ptp([heuristic(n, feats[i]) for i in idx]) > 0]
+        candidates: dict[str, list[str] | None] = {"combined": None}
+        if heuristics:
+            candidates |= {"blend": heuristics} | {n: [n] for n in heuristics}
         oof = {n: np.zeros(len(ix)) for n in candidates}
         for inner in range(int(folds.max()) + 1):
             test = folds[ix] == inner
