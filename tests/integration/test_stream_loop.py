@@ -37,7 +37,7 @@ from services.envmgr.settings import EnvmgrSettings
 from services.scheduler.__main__ import Scheduler
 from services.scheduler.settings import SchedulerSettings
 from tests.conftest import API_TOKEN, AUTH, Services, need_shared
-from tests.integration.helpers import start_router, start_worker
+from tests.integration.helpers import start_router, start_worker, until
 
 ROOT = Path(__file__).resolve().parents[2]
 STALE = re.compile(r"stale: started at version (\d+), policy now at (\d+), bound (\d+)")
@@ -55,12 +55,8 @@ async def start_scheduler(services: Services, key: str = "scheduler", port: int 
     await services.start(key, "scheduler", settings, build)
     # Its stream subjects are subscribed only once it holds the lease and has reloaded (Scheduler.run): a
     # request before then has no responder, which a slow machine (CI) met.
-    for _ in range(500):
-        role = holder[0].role
-        if role is not None and role.active:
-            return holder[0]
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"scheduler {key} did not become active")
+    await until(lambda: holder[0].role is not None and holder[0].role.active, within_s=10)
+    return holder[0]
 
 
 async def start_envmgr(services: Services, speed: float) -> None:

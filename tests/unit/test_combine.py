@@ -208,7 +208,7 @@ def test_the_combined_candidate_is_scored_as_it_serves_each_cell() -> None:
     for p in ((), ("finished",)):
         own = [int(i) for i in train if combine.pattern(feats[i]) == p]
         cols = combine.cell_columns(p)
-        m = combine.fit_linear(combine._matrix(feats, own, cols), y[own], cols)
+        m = combine.fit_linear(combine.feature_matrix(feats, own, cols), y[own], cols)
         for j, i in enumerate(test):
             if combine.pattern(feats[i]) == p:
                 want = math.log(combine.survived_median(m.centre_of(feats[i]), m.sd, gen[i]))

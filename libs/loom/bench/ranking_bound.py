@@ -36,10 +36,10 @@ def in_sample_fits(known: Mapping[str, Known], actual: Mapping[str, float]) -> d
     every = set.intersection(*(set(f) for f in feats))
     scores = [n for n, (g, _) in combine.HEURISTICS.items() if g is None or combine.FEATURES[g][0] in every]
     h = np.array([[combine.heuristic(n, f) for n in scores] for f in feats])
-    common = sorted(every)
+    rows = range(len(ids))
     out = {
         "blend": _fit(h, y),
-        "whole": _fit(np.hstack([h, np.array([[f[c] for c in common] for f in feats])]), y),
+        "whole": _fit(np.hstack([h, combine.feature_matrix(feats, rows, sorted(every))]), y),
     }
     combined = np.zeros(len(ids))
     cells: dict[tuple[str, ...], list[int]] = {}
@@ -47,11 +47,10 @@ def in_sample_fits(known: Mapping[str, Known], actual: Mapping[str, float]) -> d
         cells.setdefault(combine.pattern(f), []).append(j)
     for p, js in cells.items():
         cols = combine.cell_columns(p)
-        combined[js] = _fit(np.array([[feats[j][c] for c in cols] for j in js]), y[js])
+        combined[js] = _fit(combine.feature_matrix(feats, js, cols), y[js])
     out["combined"] = combined
     return {form: dict(zip(ids, np.maximum(v, done).tolist(), strict=True)) for form, v in out.items()}
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    m = combine.fit_linear(x, y, [f"x{j}" for j in range(x.shape[1])])
-    return m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
+    return combine.fit_linear(x, y, [f"x{j}" for j in range(x.shape[1])]).predict(x)

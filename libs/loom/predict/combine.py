@@ -186,6 +186,10 @@ class Linear:
     def centre_of(self, feats: dict[str, float]) -> float:
         return _clip(self.intercept + sum(w * (feats[c] - m) for c, w, m in self._terms))
 
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Log totals of the rows of ``x`` (its columns ``columns``), unclipped: how fits are scored."""
+        return self.intercept + (x - np.array(self.centre)) @ np.array(self.weights)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "columns": list(self.columns),
@@ -407,7 +411,7 @@ def _fit_cells(rows: Sequence[Row], seed: int, by_workload: bool = False) -> Com
     out = Combiner()
     for key, idx in sorted(cells.items()):
         cols = cell_columns(_parse(key)[0])
-        out.cells[key] = fit_linear(_matrix(feats, idx, cols), y[idx], cols)
+        out.cells[key] = fit_linear(feature_matrix(feats, idx, cols), y[idx], cols)
     for key, idx in sorted(regimes.items()):
         ix = np.array(idx)
         have = set(_parse(key)[0])
@@ -447,7 +451,9 @@ def available(have: set[str]) -> list[str]:
     return [n for n, (g, _) in HEURISTICS.items() if g is None or g in have]
 
 
-def _matrix(feats: Sequence[dict[str, float]], idx: Iterable[int], columns: Sequence[str]) -> np.ndarray:
+def feature_matrix(
+    feats: Sequence[dict[str, float]], idx: Iterable[int], columns: Sequence[str]
+) -> np.ndarray:
     return np.array([[feats[i][c] for c in columns] for i in idx])
 
 
@@ -467,8 +473,7 @@ def _predict_oof(
         m = fit_linear(
             np.array([[heuristic(n, feats[i]) for n in scores] for i in train_ix]), y[train_ix], scores
         )
-        x = np.array([[heuristic(n, feats[i]) for n in scores] for i in test_ix])
-        centres[:] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
+        centres[:] = m.predict(np.array([[heuristic(n, feats[i]) for n in scores] for i in test_ix]))
         sds[:] = m.sd
     else:
         by_cell: dict[tuple[str, ...], list[int]] = {}
@@ -481,9 +486,8 @@ def _predict_oof(
             own = train_cells.get(p, [])
             # A cell with too few training rows borrows the regime's, on the columns every row has.
             cols, fit_on = (cell_columns(p), own) if len(own) >= 2 else (BASE, [int(i) for i in train_ix])
-            m = fit_linear(_matrix(feats, fit_on, cols), y[fit_on], cols)
-            x = _matrix(feats, [int(test_ix[j]) for j in js], cols)
-            centres[js] = m.intercept + (x - np.array(m.centre)) @ np.array(m.weights)
+            m = fit_linear(feature_matrix(feats, fit_on, cols), y[fit_on], cols)
+            centres[js] = m.predict(feature_matrix(feats, [int(test_ix[j]) for j in js], cols))
             sds[js] = m.sd
     return [
         math.log(survived_median(_clip(float(c)), float(s), g))
