@@ -176,6 +176,8 @@ def test_heddle_suite_quick_runs_every_cell_and_writes_its_report(tmp_path: Path
             )
     assert set(out["target"]["met"]) == {"vs_slime", "vs_best_baseline", "makespan_over_lb"}
     assert set(out["target"]["makespan_breakdown"]) == {"queueing_s", "base_s", "interference_s", "tool_s"}
+    last = out["target"]["last_finisher"]
+    assert 0 <= last["first_call_queueing_s"] <= last["queueing_s"] and last["ranked_above"] >= 0
     report = (tmp_path / "report.md").read_text()
     assert (
         "## Drafting engines" in report and report.count("| qwen3-14b |") == 3 * 3

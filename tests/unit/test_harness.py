@@ -61,6 +61,34 @@ def test_the_oracle_knows_tool_latencies_at_their_mean_and_the_clairvoyant_knows
         assert r.output_tokens == 600 and r.makespan_s >= r.lower_bound_s * (1 - 1e-9)
 
 
+def test_fcfs_keeps_a_trajectory_its_place_where_round_robin_sends_it_to_the_back() -> None:
+    """One request at a time: the first trajectory's second call, back from its tool while the second
+    trajectory runs, goes before the third (submitted at the start) under trajectory-level FCFS, and after it
+    under per-step round robin. The harness once ranked FCFS by a start time it never set: FCFS was round
+    robin, to the digit, in every cell of the scheduling ablation."""
+    first = WorkTraj("a", "pa", 0, (WorkStep(100, 50, 0.01), WorkStep(200, 50, 0.0)))
+    second = WorkTraj("b", "pb", 0, (WorkStep(100, 400, 0.0),))
+    third = WorkTraj("c", "pc", 0, (WorkStep(100, 400, 0.0),))
+    w = Workload("three", "", [first, second, third])
+    cluster = Cluster(gpus=1, model="qwen3-8b", max_running=1)
+    fcfs = run_rollout(w, PolicySpec(preset="round_robin").resolved(), cluster, predictor="none")
+    rr = run_rollout(w, PolicySpec(preset="round_robin", order="rr").resolved(), cluster, predictor="none")
+    assert fcfs.finish_s[0] < fcfs.finish_s[2] and rr.finish_s[0] > rr.finish_s[2]
+    assert fcfs.output_tokens == rr.output_tokens == 900
+
+
+def test_the_last_finisher_says_how_it_was_ranked(small: Workload) -> None:
+    """An exact predictor ranks above the last finisher exactly the trajectories longer than it (its first
+    call's priority is its length); one with no information ranks none above it."""
+    cluster = Cluster(gpus=4, model="qwen3-8b")
+    exact = run_rollout(small, PRESETS["heddle"], cluster, predictor="oracle").last_finisher
+    assert exact["ranked_above"] == exact["longer"]
+    blind = run_rollout(small, PRESETS["heddle"], cluster, predictor="none").last_finisher
+    assert blind["ranked_above"] == 0 and 0 <= blind["longer"] < len(small.trajectories)
+    for lf in (exact, blind):
+        assert 0 <= lf["first_call_queueing_s"] <= lf["queueing_s"]
+
+
 def test_allocation_follows_the_policy() -> None:
     cluster = Cluster(gpus=16, model="qwen3-32b")
     assert allocate(PRESETS["verl"], cluster, [1000.0] * 10) == [2] * 8  # Heddle's baseline MP for 32B

@@ -485,6 +485,7 @@ def _assemble(plan: Plan, layout: dict[str, Any], results: dict[Cell, dict[str, 
             "makespan_over_lb": cell["makespan_over_lb"] <= TARGET["makespan_over_lb"],
         },
         "makespan_breakdown": cell["systems"]["heddle"]["makespan_breakdown"],
+        "last_finisher": cell["systems"]["heddle"]["last_finisher"],
     }
     shares = [v for v in kept.values() if v is not None]
     speculative = _speculative(layout, results, overall) if "drafting" in layout else {}
@@ -618,7 +619,7 @@ def _print(out: dict[str, Any]) -> None:
         f"Target ({tg['cell']}): x slime {tg['vs_slime']} (want >= {TARGET['vs_slime']}), x best baseline "
         f"{tg['vs_best_baseline']} (want >= {TARGET['vs_best_baseline']}), makespan/LB "
         f"{tg['makespan_over_lb']} (want <= {TARGET['makespan_over_lb']}); Loom's last trajectory: "
-        f"{tg['makespan_breakdown']}; wall {out['wall_s']} s"
+        f"{tg['makespan_breakdown']}, {tg['last_finisher']}; wall {out['wall_s']} s"
     )
     if "drafting" in out:
         t = Table(title="Drafting engines (speculative decoding at each workload's measured rates)")

@@ -217,7 +217,10 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "limit and KV cache allow on the best degree; `loom.bench.harness.bounds` says why no schedule beats it.",
         "",
         "Formula 1 for the trajectory that finished last under Loom (queueing, base per-token time x tokens, "
-        f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}.",
+        f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}. How it was ranked: "
+        f"{tg['last_finisher']['longer']} trajectories were longer, its first call was ranked below "
+        f"{tg['last_finisher']['ranked_above']}, and waited {tg['last_finisher']['first_call_queueing_s']} s of "
+        f"its {tg['last_finisher']['queueing_s']} s queueing.",
         "",
         "## Ablations (Heddle Figures 13-16)",
         "",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -196,6 +197,7 @@ class RolloutResult:
     # The share of output tokens generated on a worker where a sibling of theirs had already started a step:
     # where an engine's drafter holds the group's outputs (its drafting corpus is its own).
     sibling_local_share: float = 0.0
+    last_finisher: dict[str, float] = field(default_factory=dict)  # ``_last_finisher``
 
     @property
     def tail_s(self) -> float:
@@ -241,6 +243,7 @@ class RolloutResult:
             "migrations": self.migrations,
             "cache_hit": round(self.cache_hit, 3),
             "makespan_breakdown": self.breakdown,
+            "last_finisher": self.last_finisher,
             "sibling_local_share": round(self.sibling_local_share, 4),
             "wall_s": round(self.wall_s, 2),
         }
@@ -349,7 +352,12 @@ def run_rollout(
     cached = 0
     gantt: list[tuple[int, float, float, int]] = []  # (worker, start, end, trajectory) per step
     steps_done: list[tuple[float, int]] = []  # (time, tokens) per finished step
+    # Trajectory-level FCFS: the order each trajectory's first request was submitted in (the router's
+    # traj_arrival); a returning trajectory keeps that place, where round robin sends it to the back.
     started = [0.0] * n
+    submitted = itertools.count()
+    first_priority = [0.0] * n  # what each trajectory's first call was ranked by in its engine's queue
+    first_queue = [0.0] * n  # seconds its first call waited
     finish = [0.0] * n
     last_worker = [0] * n  # where each trajectory ran its last step (routing moves it every step)
     migrations = 0
@@ -390,6 +398,8 @@ def run_rollout(
         sibling_local += st.output_len if group_here - {i} else 0
         group_here.add(i)
         inflight[w] += 1
+        if k == 0:
+            started[i] = float(next(submitted))
         req = EngineRequest(
             f"{i}.{k}",
             st.input_len,
@@ -399,6 +409,8 @@ def run_rollout(
             priority=priority(i),
             shared_prefix=shared[t.id],
         )
+        if k == 0:
+            first_priority[i] = req.priority
         pending[i] = (w, req.rid)
         sim.submit(engines[w], req, lambda out: done(i, k, w, out))
 
@@ -416,6 +428,8 @@ def run_rollout(
         generated[i] += out.output_len
         calls[i] += 1
         queued[i] += out.queue_s
+        if k == 0:
+            first_queue[i] = out.queue_s
         prefill_s[i] += out.prefill_s
         decode_s[i] += out.decode_s
         cached += out.cached_tokens
@@ -508,7 +522,27 @@ def run_rollout(
         gantt=gantt,
         steps_done=steps_done,
         sibling_local_share=sibling_local / tokens if tokens else 0.0,
+        last_finisher=_last_finisher(last, trajs, first_priority, first_queue, queued) if trajs else {},
     )
+
+
+def _last_finisher(
+    last: int,
+    trajs: Sequence[WorkTraj],
+    first_priority: Sequence[float],
+    first_queue: Sequence[float],
+    queued: Sequence[float],
+) -> dict[str, float]:
+    """Why the trajectory that set the makespan finished last: how many trajectories were longer, how many
+    its first call was ranked below in the engines' queues (under an exact predictor, the longer ones; under
+    one that cannot rank, more), and how long that first call waited of all its queueing."""
+    tokens, prio = trajs[last].output_tokens, first_priority[last]
+    return {
+        "longer": sum(t.output_tokens > tokens for t in trajs),
+        "ranked_above": sum(p > prio for p in first_priority),
+        "first_call_queueing_s": round(first_queue[last], 1),
+        "queueing_s": round(queued[last], 1),
+    }
 
 
 def _formula1(
