@@ -155,6 +155,7 @@ def _gantt(d: Path, drawn: dict[Any, dict[str, Any]], layout: dict[str, Any]) ->
 
 def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
     tg = out["target"]
+    last = tg["last_finisher"]
     lines = [
         "# Heddle suite",
         "",
@@ -218,9 +219,8 @@ def _markdown(out: dict[str, Any], images: dict[str, str]) -> str:
         "",
         "Formula 1 for the trajectory that finished last under Loom (queueing, base per-token time x tokens, "
         f"interference on top of it, tool time), seconds: {tg['makespan_breakdown']}. How it was ranked: "
-        f"{tg['last_finisher']['longer']} trajectories were longer, its first call was ranked below "
-        f"{tg['last_finisher']['ranked_above']}, and waited {tg['last_finisher']['first_call_queueing_s']} s of "
-        f"its {tg['last_finisher']['queueing_s']} s queueing.",
+        f"{last['longer']} trajectories were longer, its first call was ranked below {last['ranked_above']}, "
+        f"and waited {last['first_call_queueing_s']} s of its {last['queueing_s']} s queueing.",
         "",
         "## Ablations (Heddle Figures 13-16)",
         "",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -352,10 +351,6 @@ def run_rollout(
     cached = 0
     gantt: list[tuple[int, float, float, int]] = []  # (worker, start, end, trajectory) per step
     steps_done: list[tuple[float, int]] = []  # (time, tokens) per finished step
-    # Trajectory-level FCFS: the order each trajectory's first request was submitted in (the router's
-    # traj_arrival); a returning trajectory keeps that place, where round robin sends it to the back.
-    started = [0.0] * n
-    submitted = itertools.count()
     first_priority = [0.0] * n  # what each trajectory's first call was ranked by in its engine's queue
     first_queue = [0.0] * n  # seconds its first call waited
     finish = [0.0] * n
@@ -377,7 +372,10 @@ def run_rollout(
             ranked[i] = held(ranked.get(i), pred.total(trajs[i], generated[i], calls[i]))
             return ranked[i]
         if policy.order == "fcfs":
-            return -started[i]
+            # Trajectory-level FCFS: the place of its first request (the router's traj_arrival), which is its
+            # index, every first request being submitted at time 0 in index order (below); a trajectory back
+            # from its tool keeps that place, where round robin sends it to the back.
+            return -float(i)
         if plas is not None:
             return -float(plas.level(generated[i]))
         return 0.0
@@ -398,8 +396,6 @@ def run_rollout(
         sibling_local += st.output_len if group_here - {i} else 0
         group_here.add(i)
         inflight[w] += 1
-        if k == 0:
-            started[i] = float(next(submitted))
         req = EngineRequest(
             f"{i}.{k}",
             st.input_len,
