@@ -65,6 +65,8 @@ class _Latest:
     context_len: int
     prompt_tokens: int
     workload: str
+    # It has text whose model total what serves it does not read (``Combiner.total_unread``): none was run.
+    text_unread: bool = False
 
 
 class PredictorService:
@@ -88,6 +90,10 @@ class PredictorService:
         self.m_batch = m.histogram("batch_size", "Requests per model call", buckets=BATCH_BUCKETS)
         self.m_batch_s = m.histogram("batch_seconds", "Model call latency")
         self.m_refreshed = m.counter("sibling_updates_total", "Priority updates after a sibling finished")
+        self.m_unread = m.counter(
+            "text_unread_total",
+            "Requests with text answered without the text model, which their estimate does not read",
+        )
         self._load_model()
 
     def _load_model(self) -> None:
@@ -194,7 +200,14 @@ class PredictorService:
 
     def _estimate(self, t: _Latest, key: str) -> float:
         if self.combiner is not None:
-            return self.combiner.total(self._known(t, key))
+            known = self._known(t, key)
+            if t.text_unread:
+                # Its text's regime still serves it unless what it knows now (a history) reads the text model:
+                # then, as when the text model times out, what serves it without the text.
+                unread = self.combiner.total_unread(prepare(known))
+                if unread is not None:
+                    return unread
+            return self.combiner.total(known)
         assert self.blend is not None and t.model_total is not None
         return self.blend.total(t.task_id, t.model_total, t.generated)
 
@@ -276,6 +289,21 @@ class PredictorService:
                 prepared = prepare(self._known(t, key))
             remaining = None
             if req.prompt or req.pieces:
+                # Where what serves the trajectory ranks by something else (search by its previous epoch,
+                # say), the text model's total would be computed for nothing: no tokenising, no batch.
+                unread = None if combiner is None or prepared is None else combiner.total_unread(prepared)
+                if unread is not None:
+                    # Named as the model's answers are: the same estimate, which the router migrates on.
+                    t.text_unread = True
+                    self.m_unread.inc()
+                    self.m_requests.labels(self.model.method).inc()
+                    return Prediction(
+                        req.traj_id,
+                        unread - req.generated_tokens,
+                        unread,
+                        self.model.method,
+                        *self._trust(req.workload),
+                    )
                 remaining = await self._model_remaining(req)
             else:
                 self.m_fallbacks.labels("no_context").inc()

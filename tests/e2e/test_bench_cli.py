@@ -232,6 +232,7 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
     for batch in ("b1", "b32", "served_b1", "served_b32"):
         assert 0 < out["latency_ms"][batch]["p50"] <= out["latency_ms"][batch]["p99"]
     assert set(out["served_over_text_p99"]) == {"b1", "b32"}
+    assert 0 <= out["served_text_share"] <= 1
     assert (tmp_path / "progressive" / "model.onnx").exists()
     # Kendall's tau-b within batches on every trace set, for what the predictor serves, its text model and
     # each free heuristic; recall and Pearson beside it, the served against the best free heuristic paired by

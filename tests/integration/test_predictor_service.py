@@ -172,3 +172,53 @@ async def test_service_combines_the_model_with_history_and_siblings_and_falls_ba
     reply = await nc.request(subjects.health("predictor"), b"", timeout=5)
     fallback = decode(reply.data, Health).details
     assert fallback["method"] == "history" and "no model" in fallback["fallback"]
+
+
+async def test_a_request_whose_estimate_does_not_read_the_text_model_is_answered_without_it(
+    trained: Path, services: Services, nc: NATS, tmp_path: Path
+) -> None:
+    """Where what serves a trajectory ranks by another heuristic (here the prompt's length, at step 2), the
+    service neither tokenises nor batches its context; elsewhere (step 1) the text model runs as before."""
+    from nats.errors import NoRespondersError
+
+    from loom.predict import combine
+    from loom.predict.onnx_model import OnnxRegressor, meta_path
+
+    text_cols = combine.cell_columns(("text",))
+    reads = combine.Linear(text_cols, [0.0, 0.0, 0.0, 1.0], 0.0, [0.0] * len(text_cols), 0.5)
+    by_prompt = combine.Linear(("h_prompt_length",), [1.0], 0.0, [0.0], 0.5)
+    combiner = combine.Combiner(
+        {"text@1": reads}, {"text@1": "combined", "text@2": "prompt_length"}, reads, {"text@2": by_prompt}
+    )
+    model_path = tmp_path / "model.onnx"
+    model_path.write_bytes((trained / "model.onnx").read_bytes())
+    meta = json.loads(meta_path(trained / "model.onnx").read_text())
+    meta_path(model_path).write_text(json.dumps({**meta, "combiner": combiner.to_json()}))
+    assert OnnxRegressor(model_path).combiner is not None
+    settings = PredictorSettings(model_path=model_path)
+    await services.start("p", "predictor", settings, lambda rt: PredictorService(rt, settings))
+    pieces = context.clip_pieces(["THOUGHT: run the tests\n```bash\npytest\n```\n"] * 3)
+
+    async def predict(step: int) -> Prediction:
+        req = PredictRequest("j", f"t{step}", "task", step, 6000, 700, "Fix the parser", pieces, 0, 400)
+        for _ in range(100):  # until the service subscribes
+            try:
+                return await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
+            except NoRespondersError:
+                await asyncio.sleep(0.05)
+        raise AssertionError("the predictor never answered")
+
+    async def metric(name: str) -> float:
+        text = (await nc.request(subjects.metrics("predictor"), b"", timeout=5)).data.decode()
+        return sum(
+            float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"loom_predictor_{name}")
+        )
+
+    skipped = await predict(2)
+    want = combiner.total(combine.Known(2, 700.0, 400.0, 1.0))  # any text total: it is not read
+    # The same estimate the model's answers are, named alike (the router migrates on it).
+    assert skipped.method == "progressive" and skipped.total_tokens == pytest.approx(want, rel=1e-9)
+    assert await metric("text_unread_total") == 1 and await metric("batch_size_count") == 0
+    await predict(1)
+    assert await metric("text_unread_total") == 1 and await metric("batch_size_count") == 1
+    await services.stop("p")

@@ -53,7 +53,10 @@ def _rows(n_prompts: int, seed: int, informative: str, workload: str = "") -> li
         for i, total in enumerate(totals):
             centre = scale if informative == "previous_mean" else rng.uniform(100, 10_000)
             history = tuple(centre * math.exp(rng.gauss(0, 0.3)) for _ in range(3))
-            known = Known(0, 0.0, prompt_len, rng.uniform(100, 10_000), history, workload=workload)
+            text = (
+                total * math.exp(rng.gauss(0, 0.1)) if informative == "learned" else rng.uniform(100, 10_000)
+            )
+            known = Known(0, 0.0, prompt_len, text, history, workload=workload)
             out.append(Row(known, total, f"{workload}p{p}", f"{workload}b{p // 8}", f"{workload}p{p}-{i}"))
     return out
 
@@ -122,6 +125,38 @@ def test_every_estimate_exceeds_what_was_generated_and_survives_json(
 
 
 _FITTED = combine.fit(_rows(40, 2, "previous_mean"))
+_BY_PROMPT = combine.fit(_rows(80, 3, "prompt_length"))
+_BY_TEXT = combine.fit(_rows(80, 4, "learned"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=st.sampled_from(["fitted", "by_prompt", "by_text"]),
+    # Mostly at admission, where these were fitted and their regimes choose (beyond, the nearest cell).
+    step=st.sampled_from([0, 0, 0, 1, 5]),
+    generated=st.floats(0, 1e5),
+    prompt=st.floats(1, 1e5),
+    history=st.lists(st.floats(1, 1e6), max_size=3),
+    totals=st.lists(st.floats(1, 1e6), min_size=2, max_size=2),
+)
+def test_an_estimate_that_does_not_read_the_text_models_total_is_the_same_whatever_it_is(
+    model: str, step: int, generated: float, prompt: float, history: list[float], totals: list[float]
+) -> None:
+    """What the service answers without running the text model (``total_unread``) is what it would have
+    answered with any total the model gave, wherever it answers so."""
+    fitted = {"fitted": _FITTED, "by_prompt": _BY_PROMPT, "by_text": _BY_TEXT}[model]
+    p = combine.prepare(Known(step, generated, prompt, totals[0], tuple(history)))
+    unread = fitted.total_unread(p)
+    if unread is not None:
+        assert unread == fitted.total_prepared(p, totals[0]) == fitted.total_prepared(p, totals[1])
+
+
+def test_the_text_model_is_run_only_where_what_serves_reads_it() -> None:
+    """At admission with text and no history: where the prompt's length ranks, the estimate does not read
+    the text model (the service skips it); where the text tells, it does."""
+    p = combine.prepare(Known(0, 0.0, 500.0, 3000.0))
+    assert _BY_PROMPT.chosen["text@0"] == "prompt_length" and _BY_PROMPT.total_unread(p) is not None
+    assert _BY_TEXT.chosen["text@0"] != "prompt_length" and _BY_TEXT.total_unread(p) is None
 
 
 def test_a_heuristic_regime_ranks_a_mixed_batch_as_the_heuristic() -> None:

@@ -205,6 +205,10 @@ class Linear:
 LOG_MAX = math.log(1e8)
 
 
+# What ``Combiner.total_unread`` puts for a text model's log total that no model it selects reads.
+_TEXT_UNREAD = 0.0
+
+
 def _clip(log_total: float) -> float:
     return min(max(log_total, 0.0), LOG_MAX)
 
@@ -259,18 +263,26 @@ class Combiner:
         return self._centre(k.workload, k.step, features(k))
 
     def _centre(self, workload: str, step: int, feats: dict[str, float]) -> tuple[float, float]:
+        model, scored = self._serving(workload, step, feats)
+        if scored:
+            scores = {c: heuristic(c.removeprefix("h_"), feats) for c in model.columns}
+            return model.centre_of(scores), model.sd
+        return model.centre_of(feats), model.sd
+
+    def _serving(self, workload: str, step: int, feats: dict[str, float]) -> tuple[Linear, bool]:
+        """The regression that serves these features, and whether it reads heuristics' scores (a regime's
+        choice) rather than the features themselves (a cell)."""
         own = self.workloads.get(workload)
         if own is not None:
-            return own._centre(workload, step, feats)
+            return own._serving(workload, step, feats)
         b = bucket(step)
         chosen = self.regimes.get(_key(regime(feats), b))
         if chosen is not None:
-            scores = {c: heuristic(c.removeprefix("h_"), feats) for c in chosen.columns}
-            return chosen.centre_of(scores), chosen.sd
+            return chosen, True
         model = self.cells.get(_key(pattern(feats), b))
         if model is None:  # a cell no training row fell in: the nearest with fewer groups
             model = self._nearest(feats, step)
-        return model.centre_of(feats), model.sd
+        return model, False
 
     def total(self, k: Known) -> float:
         return survived_median(*self.centre(k), k.generated)
@@ -278,6 +290,17 @@ class Combiner:
     def total_prepared(self, p: Prepared, model_total: float | None) -> float:
         """``total`` of ``p``'s trajectory with the text model's total now known (None: none came)."""
         feats = p.feats if model_total is None else {**p.feats, "log_model": _log(model_total)}
+        return survived_median(*self._centre(p.known.workload, p.known.step, feats), p.known.generated)
+
+    def total_unread(self, p: Prepared) -> float | None:
+        """``p``'s trajectory's total where it has text but what serves it does not read the text model's
+        total (a regime that ranks by another heuristic: search by its previous epoch, say), so that the
+        service answers without running the text model; None where it reads it. Any total gives the same
+        estimate there: ``_TEXT_UNREAD`` stands in for it only to select the regime with text."""
+        feats = {**p.feats, "log_model": _TEXT_UNREAD}
+        model, scored = self._serving(p.known.workload, p.known.step, feats)
+        if ("h_learned" if scored else "log_model") in model.columns:
+            return None
         return survived_median(*self._centre(p.known.workload, p.known.step, feats), p.known.generated)
 
     def _nearest(self, feats: dict[str, float], step: int) -> Linear:
