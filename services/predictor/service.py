@@ -198,15 +198,15 @@ class PredictorService:
             t.workload,
         )
 
-    def _estimate(self, t: _Latest, key: str) -> float:
+    def _estimate(self, t: _Latest, key: str) -> float | None:
+        """Its estimate now; None where its last request was answered without the text model (``text_unread``)
+        and what serves it now reads that model's total (a history appeared): it keeps its estimate until its
+        next request runs the model, rather than be ranked by the regime without text beside siblings ranked
+        by the one with it."""
         if self.combiner is not None:
             known = self._known(t, key)
             if t.text_unread:
-                # Its text's regime still serves it unless what it knows now (a history) reads the text model:
-                # then, as when the text model times out, what serves it without the text.
-                unread = self.combiner.total_unread(prepare(known))
-                if unread is not None:
-                    return unread
+                return self.combiner.total_unread(prepare(known))
             return self.combiner.total(known)
         assert self.blend is not None and t.model_total is not None
         return self.blend.total(t.task_id, t.model_total, t.generated)
@@ -232,6 +232,8 @@ class PredictorService:
             if t.model_total is None and self.combiner is None:
                 continue
             total = self._estimate(t, key)
+            if total is None:
+                continue
             upd = PriorityUpdate(
                 job_id,
                 t.traj_id,
@@ -319,7 +321,9 @@ class PredictorService:
                     total = combiner.total_prepared(prepared, model_total)
                 else:
                     t, key = self._remember(req, model_total)
-                    total = self._estimate(t, key)
+                    blended = self._estimate(t, key)
+                    assert blended is not None  # the blend's: it reads the text model's total it was given
+                    total = blended
                 return Prediction(
                     req.traj_id, total - req.generated_tokens, total, method, *self._trust(req.workload)
                 )

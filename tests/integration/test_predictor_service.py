@@ -178,7 +178,9 @@ async def test_a_request_whose_estimate_does_not_read_the_text_model_is_answered
     trained: Path, services: Services, nc: NATS, tmp_path: Path
 ) -> None:
     """Where what serves a trajectory ranks by another heuristic (here the prompt's length, at step 2), the
-    service neither tokenises nor batches its context; elsewhere (step 1) the text model runs as before."""
+    service neither tokenises nor batches its context; elsewhere (step 1) the text model runs as before. A
+    sibling's finishing re-estimates it the same way, until a history brings it to a regime that reads the
+    text model's total: then it keeps its estimate until its next request runs the model."""
     from nats.errors import NoRespondersError
 
     from loom.predict import combine
@@ -199,8 +201,8 @@ async def test_a_request_whose_estimate_does_not_read_the_text_model_is_answered
     await services.start("p", "predictor", settings, lambda rt: PredictorService(rt, settings))
     pieces = context.clip_pieces(["THOUGHT: run the tests\n```bash\npytest\n```\n"] * 3)
 
-    async def predict(step: int) -> Prediction:
-        req = PredictRequest("j", f"t{step}", "task", step, 6000, 700, "Fix the parser", pieces, 0, 400)
+    async def predict(step: int, group: int) -> Prediction:
+        req = PredictRequest("j", f"t{step}", "task", step, 6000, 700, "Fix the parser", pieces, group, 400)
         for _ in range(100):  # until the service subscribes
             try:
                 return await request(nc, subjects.PREDICT, req, Prediction, timeout_s=10)
@@ -214,11 +216,27 @@ async def test_a_request_whose_estimate_does_not_read_the_text_model_is_answered
             float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"loom_predictor_{name}")
         )
 
-    skipped = await predict(2)
+    skipped = await predict(2, group=0)
     want = combiner.total(combine.Known(2, 700.0, 400.0, 1.0))  # any text total: it is not read
     # The same estimate the model's answers are, named alike (the router migrates on it).
     assert skipped.method == "progressive" and skipped.total_tokens == pytest.approx(want, rel=1e-9)
     assert await metric("text_unread_total") == 1 and await metric("batch_size_count") == 0
-    await predict(1)
+    await predict(1, group=1)
     assert await metric("text_unread_total") == 1 and await metric("batch_size_count") == 1
+
+    updates = await nc.subscribe(subjects.CONTROL_PRIORITY)
+
+    async def finish(job: str, traj: str) -> None:
+        done = TrajDone(job, traj, "completed", 1.0, 9000, 30, task_id="task", group=0)
+        await nc.publish(subjects.traj_done(job), encode(done))
+        await nc.flush()
+
+    await finish("j", "s1")  # t2's sibling: t2 is re-estimated in its regime, still without the model
+    u = await _next(updates)
+    assert u.traj_id == "t2" and u.priority == pytest.approx(want, rel=1e-9)
+    await finish("old", "h0")  # another job's sample: the task's history (no one of its group runs)
+    await finish("j", "s2")  # with a history, what serves t2 reads the model's total: no update
+    with pytest.raises(TimeoutError):
+        await _next(updates, 0.5)
+    await updates.unsubscribe()
     await services.stop("p")

@@ -263,11 +263,7 @@ class Combiner:
         return self._centre(k.workload, k.step, features(k))
 
     def _centre(self, workload: str, step: int, feats: dict[str, float]) -> tuple[float, float]:
-        model, scored = self._serving(workload, step, feats)
-        if scored:
-            scores = {c: heuristic(c.removeprefix("h_"), feats) for c in model.columns}
-            return model.centre_of(scores), model.sd
-        return model.centre_of(feats), model.sd
+        return _centre_by(*self._serving(workload, step, feats), feats)
 
     def _serving(self, workload: str, step: int, feats: dict[str, float]) -> tuple[Linear, bool]:
         """The regression that serves these features, and whether it reads heuristics' scores (a regime's
@@ -301,7 +297,7 @@ class Combiner:
         model, scored = self._serving(p.known.workload, p.known.step, feats)
         if ("h_learned" if scored else "log_model") in model.columns:
             return None
-        return survived_median(*self._centre(p.known.workload, p.known.step, feats), p.known.generated)
+        return survived_median(*_centre_by(model, scored, feats), p.known.generated)
 
     def _nearest(self, feats: dict[str, float], step: int) -> Linear:
         have = pattern(feats)
@@ -343,6 +339,14 @@ class Combiner:
             {w: cls.from_json(c) for w, c in data.get("workloads", {}).items()},
             {w: (float(v[0]), float(v[1])) for w, v in data.get("admission", {}).items()},
         )
+
+
+def _centre_by(model: Linear, scored: bool, feats: dict[str, float]) -> tuple[float, float]:
+    """``model``'s log centre and spread for ``feats``: on the heuristics' scores (``scored``, a regime's
+    choice) or on the features themselves (a cell)."""
+    if scored:
+        return model.centre_of({c: heuristic(c.removeprefix("h_"), feats) for c in model.columns}), model.sd
+    return model.centre_of(feats), model.sd
 
 
 def _key(p: tuple[str, ...], b: int) -> str:
