@@ -303,18 +303,25 @@ class JobManager:
                 if cause is not None:
                     await self._trip(job_id, cause)
                     return
-        completed = sum(1 for s in seen.values() if s == "completed")
-        failed = len(seen) - completed
-        if (completed, failed) == (job.completed, job.failed):
-            return
-        changes: dict[str, object] = {"completed": completed, "failed": failed}
-        if completed + failed >= job.n_trajectories and job.state == "running":
-            changes.update(state="completed", finished_at=self.rt.clock.now())
-            log.info("job %s completed: %d ok, %d failed", job_id, completed, failed)
-        await self._save(msgspec.structs.replace(job, **changes))
-        if self.jobs[job_id].state in TERMINAL_JOB_STATES:
-            self.done.pop(job_id, None)
-            self.breakers.pop(job_id, None)
+        # Under the lock, as every end is: the job may have ended while this counted (a cancel, or its breaker
+        # tripping on the trajectory that completes it, which takes the job's count at once in ``_trip``). CI
+        # once saw a job of two failed trajectories turn "completed" here and "failed" a millisecond later.
+        async with self._lock:
+            job = self.jobs[job_id]
+            if job.state in TERMINAL_JOB_STATES or self.done.get(job_id) is not seen:
+                return
+            completed = sum(1 for s in seen.values() if s == "completed")
+            failed = len(seen) - completed
+            if (completed, failed) == (job.completed, job.failed):
+                return
+            changes: dict[str, object] = {"completed": completed, "failed": failed}
+            if completed + failed >= job.n_trajectories and job.state == "running":
+                changes.update(state="completed", finished_at=self.rt.clock.now())
+                log.info("job %s completed: %d ok, %d failed", job_id, completed, failed)
+            await self._save(msgspec.structs.replace(job, **changes))
+            if self.jobs[job_id].state in TERMINAL_JOB_STATES:
+                self.done.pop(job_id, None)
+                self.breakers.pop(job_id, None)
 
     # ------------------------------------------------------------------ cancel
 
@@ -329,16 +336,21 @@ class JobManager:
 
     async def _trip(self, job_id: str, cause: str) -> None:
         first = self.breakers[job_id].first
-        await self._end(job_id, "failed", f"the first {first} trajectories to finish all failed: {cause}")
+        # Taken now, before anything waits: from here no refresh can complete the job (``_refresh``).
+        seen = self.done.pop(job_id, {})
+        error = f"the first {first} trajectories to finish all failed: {cause}"
+        await self._end(job_id, "failed", error, seen)
 
-    async def _end(self, job_id: str, state: JobState, error: str | None = None) -> Job:
-        """End the job as ``state`` (cancelled, or failed by its breaker) with what finished so far counted;
-        what is queued is dropped, what runs stops with its engine requests."""
+    async def _end(
+        self, job_id: str, state: JobState, error: str | None = None, seen: dict[str, str] | None = None
+    ) -> Job:
+        """End the job as ``state`` (cancelled, or failed by its breaker, which gives what it ``seen``) with
+        what finished so far counted; what is queued is dropped, what runs stops with its engine requests."""
         async with self._lock:
             job = self.jobs[job_id]
             if job.state in TERMINAL_JOB_STATES:
                 return job
-            seen = self.done.pop(job_id, {})
+            seen = self.done.pop(job_id, seen if seen is not None else {})
             self.breakers.pop(job_id, None)
             completed = sum(1 for s in seen.values() if s == "completed")
             job = msgspec.structs.replace(

@@ -7,6 +7,7 @@ their events, and the events then found them counted, so the breaker never saw t
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from loom.protocol import JobSpec, TaskSpec, TrajDone, Trajectory, encode, subjects
@@ -74,3 +75,47 @@ async def test_a_reconcile_between_a_result_and_its_event_keeps_the_breaker_seei
     ended = jobs.jobs[job.id]
     assert ended.state == "failed" and ended.failed == 2 and ended.completed == 0, ended
     assert ended.error == f"the first 2 trajectories to finish all failed: {CAUSE}", ended.error
+
+
+async def test_a_progress_save_while_the_breaker_trips_never_completes_the_job(services: Services) -> None:
+    """The breaker trips on the trajectory that also completes the job; a progress save (or a reconcile)
+    counting the job meanwhile must not end it "completed" first (CI saw a client read "completed" a
+    millisecond before the job turned "failed"). The interleaving is forced: the jobs' lock is held while the
+    trip and the refresh both start, then let go."""
+    settings = SchedulerSettings(
+        port=free_port(), api_token=API_TOKEN, reconcile_s=3600, progress_save_s=3600
+    )
+    held: list[Scheduler] = []
+
+    def build(rt: Runtime) -> Scheduler:
+        held.append(Scheduler(rt, settings))
+        return held[0]
+
+    await services.start("scheduler", "scheduler", settings, build)
+    await api_answers(f"http://127.0.0.1:{settings.port}", within_s=5)
+    await start_worker(services, "w0")
+    jobs = held[0].jobs
+    spec = JobSpec(
+        env="tests.integration.user_envs:RaisesInStep",
+        tasks=[TaskSpec(id="t0"), TaskSpec(id="t1")],
+        group_size=1,
+        fail_fast=2,
+    )
+    job = await jobs.submit(spec)
+    await until(lambda: jobs.jobs[job.id].state == "running", within_s=10)
+    events = [
+        TrajDone(job.id, t.traj_id, t.status, None, 0, 0, t.task_id, t.group, results.cause(CAUSE))
+        for t in (_failed(job.id, g) for g in range(2))
+    ]
+    await jobs._on_traj_done(events[0], None)  # one of two: the breaker waits for the second
+    states: list[str] = []
+    async with jobs._lock:
+        trip = asyncio.create_task(jobs._on_traj_done(events[1], None))
+        await asyncio.sleep(0.05)
+        refresh = asyncio.create_task(jobs._refresh(job.id, recount=False))
+        await asyncio.sleep(0.2)
+        states.append(jobs.jobs[job.id].state)
+    await asyncio.gather(trip, refresh)
+    ended = jobs.jobs[job.id]
+    assert states == ["running"] and ended.state == "failed", (states, ended.state)
+    assert ended.failed == 2 and ended.completed == 0, ended
