@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from loom.protocol import JobSpec, TaskSpec, TrajDone, Trajectory, encode, subjects
+from loom.protocol import Job, JobSpec, TaskSpec, TrajDone, Trajectory, encode, subjects
 from loom.runtime import results
 from loom.runtime.service import Runtime
 from loom_cli.deploy import free_port
 from services.scheduler.__main__ import Scheduler
+from services.scheduler.jobs import JobManager
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.tasks import traj_id
 from tests.conftest import API_TOKEN, Services
@@ -40,10 +41,8 @@ def _failed(job_id: str, group: int) -> Trajectory:
     )
 
 
-async def test_a_reconcile_between_a_result_and_its_event_keeps_the_breaker_seeing_it(
-    services: Services,
-) -> None:
-    settings = SchedulerSettings(port=free_port(), api_token=API_TOKEN, reconcile_s=3600)
+async def _running_job(services: Services, settings: SchedulerSettings) -> tuple[Runtime, JobManager, Job]:
+    """A scheduler and a running job of two trajectories whose breaker trips on both failing."""
     held: list[Scheduler] = []
 
     def build(rt: Runtime) -> Scheduler:
@@ -53,7 +52,7 @@ async def test_a_reconcile_between_a_result_and_its_event_keeps_the_breaker_seei
     rt = await services.start("scheduler", "scheduler", settings, build)
     await api_answers(f"http://127.0.0.1:{settings.port}", within_s=5)
     # A worker, so that the job is placed and runs; no environment manager takes its trajectories, so they
-    # finish only as this test stores them.
+    # finish only as the test says they do.
     await start_worker(services, "w0")
     jobs = held[0].jobs
     spec = JobSpec(
@@ -64,6 +63,14 @@ async def test_a_reconcile_between_a_result_and_its_event_keeps_the_breaker_seei
     )
     job = await jobs.submit(spec)
     await until(lambda: jobs.jobs[job.id].state == "running", within_s=10)
+    return rt, jobs, job
+
+
+async def test_a_reconcile_between_a_result_and_its_event_keeps_the_breaker_seeing_it(
+    services: Services,
+) -> None:
+    settings = SchedulerSettings(port=free_port(), api_token=API_TOKEN, reconcile_s=3600)
+    rt, jobs, job = await _running_job(services, settings)
     trajs = [_failed(job.id, g) for g in range(2)]
     for t in trajs:
         assert await results.publish_result(rt.js, t)
@@ -85,24 +92,7 @@ async def test_a_progress_save_while_the_breaker_trips_never_completes_the_job(s
     settings = SchedulerSettings(
         port=free_port(), api_token=API_TOKEN, reconcile_s=3600, progress_save_s=3600
     )
-    held: list[Scheduler] = []
-
-    def build(rt: Runtime) -> Scheduler:
-        held.append(Scheduler(rt, settings))
-        return held[0]
-
-    await services.start("scheduler", "scheduler", settings, build)
-    await api_answers(f"http://127.0.0.1:{settings.port}", within_s=5)
-    await start_worker(services, "w0")
-    jobs = held[0].jobs
-    spec = JobSpec(
-        env="tests.integration.user_envs:RaisesInStep",
-        tasks=[TaskSpec(id="t0"), TaskSpec(id="t1")],
-        group_size=1,
-        fail_fast=2,
-    )
-    job = await jobs.submit(spec)
-    await until(lambda: jobs.jobs[job.id].state == "running", within_s=10)
+    _, jobs, job = await _running_job(services, settings)
     events = [
         TrajDone(job.id, t.traj_id, t.status, None, 0, 0, t.task_id, t.group, results.cause(CAUSE))
         for t in (_failed(job.id, g) for g in range(2))
