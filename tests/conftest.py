@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -70,11 +71,13 @@ class Services:
         rt = Runtime(name, settings)
         task = asyncio.create_task(serve(rt, build, signals=False), name=f"svc-{key}")
         self.running[key] = (rt, task)
-        for _ in range(200):  # wait until its subscriptions are live (health answers)
-            if rt._nc is not None and task is not None and rt._subs:
-                break
+        # Until it serves (``Runtime.mark_ready``): a rollout worker's engine up and on the fleet's weights.
+        deadline = time.monotonic() + 120
+        while not rt.ready:
             if task.done():
                 task.result()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{key} ({name}) did not serve within 120 s")
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)
         return rt

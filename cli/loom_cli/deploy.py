@@ -209,7 +209,9 @@ class Deployment:
         deadline = time.monotonic() + wait_s
         seen: dict[str, int] = {}
         while time.monotonic() < deadline:
-            seen = {s: len(hs) for s, hs in (await gather_health(self.nats.url, 0.5, self.cfg.home)).items()}
+            health = await gather_health(self.nats.url, 0.5, self.cfg.home)
+            # Serving, not only answering: a rollout worker answers while its engine starts.
+            seen = {s: sum(h.ready for h in hs) for s, hs in health.items()}
             if all(seen.get(s, 0) >= n for s, n in want.items()):
                 return
             dead = [n for n, p in self.sup.procs.items() if p.restarts > 3]
@@ -217,7 +219,7 @@ class Deployment:
                 why = "; ".join(f"{n}: {last_error(self.cfg.home / 'logs' / f'{n}.log')}" for n in dead)
                 raise DeployError(f"services keep crashing ({why}); see {self.cfg.home / 'logs'}")
             await asyncio.sleep(0.3)
-        raise RuntimeError(f"services not healthy after {wait_s:.0f} s: {seen}; see {self.cfg.home / 'logs'}")
+        raise RuntimeError(f"services not serving after {wait_s:.0f} s: {seen}; see {self.cfg.home / 'logs'}")
 
     def nats_servers(self) -> list[NatsServer]:
         return self.nats.servers if isinstance(self.nats, NatsCluster) else [self.nats]

@@ -105,7 +105,14 @@ async def _status(args: argparse.Namespace) -> int:
             missing.append(svc)
             t.add_row(svc, "-", "-", "-", "[red]no answer[/]")
         for h in sorted(hs, key=lambda h: h.instance):
-            t.add_row(svc, h.instance, str(h.pid), f"{h.uptime_s:.0f}", json.dumps(h.details)[:80])
+            details = json.dumps(h.details)[:80]
+            t.add_row(
+                svc,
+                h.instance,
+                str(h.pid),
+                f"{h.uptime_s:.0f}",
+                details if h.ready else f"[yellow]starting[/] {details}",
+            )
     console = Console()
     console.print(t)
     refused = refusals(args.home / "nats" / "nats-server.log")

@@ -55,6 +55,9 @@ class Inflight:
 
 
 class RolloutWorker:
+    # It serves once its engine is up and on the fleet's weights, and its handlers subscribed (``run``).
+    marks_ready = True
+
     def __init__(self, rt: Runtime, settings: RolloutSettings, engine: Engine) -> None:
         self.rt = rt
         self.settings = settings
@@ -109,6 +112,7 @@ class RolloutWorker:
         gen_sub = await rt.subscribe(subjects.worker_gen(self.id), GenRequest, self.on_gen)
         await rt.subscribe(subjects.worker_abort(self.id), AbortRequest, self.on_abort)
         await rt.subscribe(subjects.worker_warm(self.id), WarmPrefix, self.on_warm)
+        rt.mark_ready()
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._every(self.settings.heartbeat_s, self._heartbeat))

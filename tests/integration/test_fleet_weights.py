@@ -70,11 +70,9 @@ async def start_hf_worker(services: Services, wid: str, path: Path) -> RolloutWo
         holder.append(w)
         return w
 
+    # Returned once it serves: its run loads the model and joins the fleet's weights first (a restarted worker
+    # asked its version before the join was done answered '0' for '1', once, when this waited for health alone).
     await services.start(wid, "rollout", settings, build)
-    # Returned once it serves: its run loads the model and joins the fleet's weights before it opens its
-    # workers-bucket handle and takes requests (RolloutWorker.run); services.start waits for health alone,
-    # and a restarted worker was asked its version before the join was done (seen once, '0' for '1').
-    await until(lambda: hasattr(holder[0], "kv"), within_s=120)
     return holder[0]
 
 

@@ -37,6 +37,8 @@ VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 # Native sidecar containers (the Docker sidecar) are on by default from Kubernetes 1.29.
 OLDEST_K8S = "1.29.0"
 HEALTHCHECK = ["python3", "-m", "loom.runtime.healthcheck"]
+# Serving, not only alive: compose's healthcheck and every readiness probe.
+READY = [*HEALTHCHECK, "--ready"]
 SECRET_KEYS = {*ROLES, "routes"}
 
 pytestmark = pytest.mark.skipif(
@@ -375,7 +377,7 @@ def compose_healthcheck() -> list[str]:
 def test_every_loom_workload_has_probes_resources_and_a_locked_down_pod(
     gpu: list[Obj], base: list[Obj]
 ) -> None:
-    assert compose_healthcheck() == HEALTHCHECK
+    assert compose_healthcheck() == READY
     for objs in (gpu, base):
         loaded = workloads(objs)
         assert len(loaded) >= 7
@@ -395,8 +397,10 @@ def test_every_loom_workload_has_probes_resources_and_a_locked_down_pod(
                 assert requests["cpu"] and requests["memory"], where
                 assert c["resources"]["limits"]["memory"], where
                 if c["image"].split(":")[0].endswith("loom"):
-                    # Loom's services: compose's health check, exactly.
-                    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    # Loom's services: compose's health check for readiness; alive (answering) for the rest, so
+                    # that a worker loading its model is neither killed nor sent to.
+                    assert c["readinessProbe"]["exec"]["command"] == READY, where
+                    for probe in ("startupProbe", "livenessProbe"):
                         assert c[probe]["exec"]["command"] == HEALTHCHECK, where
                     sc = c["securityContext"]
                     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False, (

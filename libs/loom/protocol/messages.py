@@ -894,6 +894,9 @@ class Health(Struct):
     version: str
     pid: int
     details: dict[str, Any] = {}
+    # Serving: it has done what it does before it takes requests (a rollout worker's engine up and on the fleet's
+    # weights). ``ok`` alone says the process answers. Absent (an older service): taken as serving.
+    ready: bool = True
 
 
 class ErrorReply(Struct, tag="error"):

@@ -1,7 +1,9 @@
 """The runtime every service runs in: NATS connection, health and metrics over NATS, SIGTERM drain.
 
 A service is an object with ``async run(rt)`` that returns when ``rt.stopping`` is set, having finished
-or handed back its in-flight work, and an optional ``health() -> dict``.
+or handed back its in-flight work, and an optional ``health() -> dict``. Its health answers before ``run``
+starts; it reports ``ready`` once it serves: at once, or, for a service whose ``run`` has work to do first
+(``marks_ready`` true), when that ``run`` calls ``rt.mark_ready()``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class Runtime:
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._subs: list[Subscription] = []
+        self.ready = False
+
+    def mark_ready(self) -> None:
+        """The service serves: its health says so from now on (``loom up``, tests and readiness probes wait
+        for it)."""
+        if not self.ready:
+            self.ready = True
+            log.info("%s %s serves", self.name, self.instance)
 
     @property
     def nc(self) -> NATS:
@@ -142,6 +152,7 @@ class Runtime:
             version=__version__,
             pid=os.getpid(),
             details=details,
+            ready=self.ready,
         )
 
     async def _serve_plumbing(self, service: Service) -> None:
@@ -188,6 +199,8 @@ async def serve(rt: Runtime, build: Callable[[Runtime], Service], signals: bool 
         service = build(rt)
         await rt._serve_plumbing(service)
         log.info("%s %s up (pid %d, nats %s)", rt.name, rt.instance, os.getpid(), rt.settings.nats_url)
+        if not getattr(service, "marks_ready", False):
+            rt.mark_ready()
         await service.run(rt)
     finally:
         # However it ended (a lost lease, a crash), every loop that waits on the stop ends before the drain.
