@@ -79,7 +79,7 @@ async def _up(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         try:
-            await dep.start()
+            await dep.start(wait_s=args.wait)
         except DeployError as e:
             print(f"loom: {e}", file=sys.stderr)
             return 1
@@ -205,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: ${gem.PYTHON_ENV}, else .venv-gem where built; '' for none)",
     )
     up.add_argument("--log-level", default="INFO")
+    up.add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait for every service to serve (a worker's engine loads its checkpoint first); "
+        "a service that keeps crashing fails it sooner",
+    )
     up.add_argument(
         "--predictor-steps",
         type=int,

@@ -55,7 +55,8 @@ class Inflight:
 
 
 class RolloutWorker:
-    # It serves once its engine is up and on the fleet's weights, and its handlers subscribed (``run``).
+    # It takes requests once its engine is up, it has joined the fleet's weights (or holds its requests for the
+    # next update, after a broadcast it missed) and its handlers are subscribed (``run``).
     marks_ready = True
 
     def __init__(self, rt: Runtime, settings: RolloutSettings, engine: Engine) -> None:

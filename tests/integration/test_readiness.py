@@ -60,5 +60,7 @@ async def test_a_worker_is_alive_but_not_ready_until_it_serves(nats_url: str) ->
         assert await check(nats_url, host, ready=True) is None
         assert decode((await kv.get("w-slow")).value, WorkerInfo).worker_id == "w-slow"
     finally:
+        if holder:
+            holder[0].joined.set()  # a failure above must not leave run waiting on the join
         rt.stopping.set()
         await asyncio.wait_for(task, 20)

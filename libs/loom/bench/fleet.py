@@ -353,13 +353,13 @@ class Stack:
         return sweep
 
     async def _until(self, workers: int, wait_s: float) -> None:
-        """Until every service answers and the active router routes to ``workers`` workers."""
+        """Until every service serves and the active router routes to ``workers`` workers."""
         deadline = time.monotonic() + wait_s
         seen: dict[str, Any] = {}
         while time.monotonic() < deadline:
             health = await gather(self.url, 0.5, self.credentials(nats_auth.OPERATOR))
             routers = [h.details for h in health.get("router", []) if h.details.get("role") == "active"]
-            seen = {s: len(hs) for s, hs in health.items()}
+            seen = {s: sum(h.ready for h in hs) for s, hs in health.items()}
             seen["routed_workers"] = len(routers[0]["workers"]) if routers else -1
             if all(seen.get(s, 0) >= 1 for s in SERVICES) and seen["routed_workers"] >= workers:
                 return

@@ -894,8 +894,9 @@ class Health(Struct):
     version: str
     pid: int
     details: dict[str, Any] = {}
-    # Serving: it has done what it does before it takes requests (a rollout worker's engine up and on the fleet's
-    # weights). ``ok`` alone says the process answers. Absent (an older service): taken as serving.
+    # Taking requests: it has done what it does first (a rollout worker's engine up, its join of the fleet's
+    # weights done or, after a broadcast it missed, its requests held for the next update, and its handlers
+    # subscribed). ``ok`` alone says the process answers. Absent (an older service): taken as serving.
     ready: bool = True
 
 
