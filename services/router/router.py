@@ -81,6 +81,10 @@ class JobRouting:
 
 
 class Router:
+    # It serves once it stands by (another holds the lease) or, active, once its handlers are subscribed
+    # (``run``): between taking the lease and subscribing, a request on the queue group finds no router.
+    marks_ready = True
+
     def __init__(self, rt: Runtime, settings: RouterSettings) -> None:
         self.rt = rt
         self.settings = settings
@@ -120,7 +124,7 @@ class Router:
         one had queued (their keepalives stopped), and what it had forwarded goes on at the workers, which
         drop a re-sent rid they already serve. One that loses the lease stops at once."""
         self.lease = Lease(await lease_bucket(rt.js), "router", rt.instance)
-        if not await self.lease.acquire(rt.stopping):
+        if not await self.lease.acquire(rt.stopping, standing_by=rt.mark_ready):
             return
         self.active = True
         log.info("router %s is active", rt.instance)
@@ -143,6 +147,7 @@ class Router:
                 await through_failover(registry.start)
                 self.workers = await through_failover(registry.live)
                 await self._subscribe(rt)
+                rt.mark_ready()
                 tg.create_task(self._dispatch_forever())
                 tg.create_task(self._keepalive_forever())
                 tg.create_task(self._registry_forever())

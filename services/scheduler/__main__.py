@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Generator
+import socket
+from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -27,6 +28,16 @@ log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, listening: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.listening = listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # Its socket is bound and listening once this returns with ``started`` (a bind that fails exits).
+        await super().startup(sockets)
+        if self.started:
+            self.listening()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         # The service runtime owns SIGTERM/SIGINT and stops uvicorn itself.
@@ -34,6 +45,10 @@ class _Server(uvicorn.Server):
 
 
 class Scheduler:
+    # It serves once its REST port listens (``run``): active or standing by (a standby forwards, and holds a
+    # request until an active one answers), so a readiness probe sends no client to a closed port.
+    marks_ready = True
+
     def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
         self.settings = settings
         # Refuse to start without tokens: an open API lets anyone read and cancel every tenant's jobs.
@@ -81,7 +96,8 @@ class Scheduler:
                 log_level="warning",
                 # A stop closes the port at once and gives open answers (a dashboard's event stream) this long.
                 timeout_graceful_shutdown=5,
-            )
+            ),
+            listening=rt.mark_ready,
         )
         lost: list[LeaseLost] = []
         try:

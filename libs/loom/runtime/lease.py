@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import msgspec
 from nats.js.client import JetStreamContext
@@ -95,13 +96,19 @@ class Lease:
         log.info("lease %s taken by %s", self.key, self.me.instance)
         return True
 
-    async def acquire(self, stopping: asyncio.Event, poll_s: float = 0.5) -> bool:
+    async def acquire(
+        self, stopping: asyncio.Event, poll_s: float = 0.5, standing_by: Callable[[], None] | None = None
+    ) -> bool:
         """Wait until this instance holds the lease (True) or ``stopping`` is set (False). NATS errors while
-        waiting are waited out: a standby outlives a server's restart."""
+        waiting are waited out: a standby outlives a server's restart. ``standing_by`` is called once, when
+        another instance is found holding it (this one stands by, which is what it then serves as)."""
         while not stopping.is_set():
             try:
                 if await self.try_acquire():
                     return True
+                if standing_by is not None:
+                    standing_by()
+                    standing_by = None
             except (TimeoutError, OSError, KeyNotFoundError) as e:
                 log.debug("lease %s: %s", self.key, e)
             except Exception as e:  # nats errors have no common base worth naming; keep standing by

@@ -3,7 +3,7 @@
 A service is an object with ``async run(rt)`` that returns when ``rt.stopping`` is set, having finished
 or handed back its in-flight work, and an optional ``health() -> dict``. Its health answers before ``run``
 starts; it reports ``ready`` once it serves: at once, or, for a service whose ``run`` has work to do first
-(``marks_ready`` true), when that ``run`` calls ``rt.mark_ready()``.
+(``marks_ready`` true: all of Loom's six), when that ``run`` calls ``rt.mark_ready()``.
 """
 
 from __future__ import annotations
