@@ -122,11 +122,12 @@ async def test_every_service_says_ready_only_once_it_serves(services: Services) 
             "router",
             RouterSettings(instance=key),
             lambda rt: Router(rt, RouterSettings(instance=key)),
-            lambda rt, r: (r.active, subjects.GEN_REQUEST in _subscribed(rt)),
+            # Whether it had asked for the lease (it stands by only once it finds another holding it).
+            lambda rt, r: (hasattr(r, "lease"), r.active, subjects.GEN_REQUEST in _subscribed(rt)),
         )
 
-    assert await router("router-a") == (True, True)
-    assert await router("router-b") == (False, False)
+    assert await router("router-a") == (True, True, True)
+    assert await router("router-b") == (True, False, False)
 
     # The scheduler, once its REST port takes a connection (a standby's too: it forwards to the active one).
     settings = SchedulerSettings(port=free_port(), api_token=API_TOKEN)
