@@ -107,10 +107,6 @@ class GroupGone(Exception):
 
 
 class EnvManager:
-    # It serves once its control subjects are subscribed (``run``): a cancel or a group's end published before
-    # then would pass it by. Trajectory work waits in its stream for the consumers.
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: EnvmgrSettings) -> None:
         self.rt = rt
         self.settings = settings
@@ -158,6 +154,8 @@ class EnvManager:
         await rt.subscribe(subjects.CONTROL_GROUP_RESTART, GroupRestart, self.on_group_restart)
         await rt.subscribe(subjects.CONTROL_VERSION, StreamVersion, self.on_version)
         await narrow_legacy_consumer(rt.js)
+        # Serving: a cancel or a group's end published before its subscription would have passed it by.
+        # Trajectory work waits in its stream for the consumers.
         rt.mark_ready()
         # One durable consumer per lane this manager serves, shared with every other manager serving it.
         consumers = [

@@ -70,9 +70,6 @@ class _Latest:
 
 
 class PredictorService:
-    # It serves once it has relearnt the history from the result stream and subscribed (``run``).
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: PredictorSettings) -> None:
         self.rt = rt
         self.settings = settings
@@ -154,7 +151,7 @@ class PredictorService:
         log.info("history predictor learned %d trajectories", self.history.overall.n)
         await rt.subscribe(subjects.TRAJ_DONE_ALL, TrajDone, self.on_done)
         await rt.subscribe(subjects.PREDICT, PredictRequest, self.on_predict, queue=subjects.QUEUE_GROUP)
-        rt.mark_ready()
+        rt.mark_ready()  # the history relearnt from the result stream, and subscribed
         try:
             await rt.stopping.wait()
         finally:

@@ -59,9 +59,6 @@ class Tenant:
 
 
 class RewardService:
-    # It serves once its fork server has the reward code loaded and it listens for new requests (``run``).
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: RewardSettings) -> None:
         self.rt = rt
         self.settings = settings
@@ -119,7 +116,7 @@ class RewardService:
             await rt.js.delete_consumer(subjects.STREAM_REWARD, LEGACY_DURABLE)
         self.kv_traj = await rt.js.key_value(subjects.KV_TRAJ)
         await rt.nc.subscribe(subjects.REWARD_READY, cb=self._on_ready)
-        rt.mark_ready()
+        rt.mark_ready()  # its fork server has the reward code, and it listens for new requests
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._scale_forever())

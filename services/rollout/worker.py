@@ -55,10 +55,6 @@ class Inflight:
 
 
 class RolloutWorker:
-    # It takes requests once its engine is up, it has joined the fleet's weights (or holds its requests for the
-    # next update, after a broadcast it missed) and its handlers are subscribed (``run``).
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: RolloutSettings, engine: Engine) -> None:
         self.rt = rt
         self.settings = settings
@@ -113,6 +109,8 @@ class RolloutWorker:
         gen_sub = await rt.subscribe(subjects.worker_gen(self.id), GenRequest, self.on_gen)
         await rt.subscribe(subjects.worker_abort(self.id), AbortRequest, self.on_abort)
         await rt.subscribe(subjects.worker_warm(self.id), WarmPrefix, self.on_warm)
+        # It takes requests: its engine is up, it has joined the fleet's weights (or holds its requests for the
+        # next update, after a broadcast it missed) and its handlers are subscribed.
         rt.mark_ready()
         try:
             async with asyncio.TaskGroup() as tg:

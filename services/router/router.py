@@ -81,10 +81,6 @@ class JobRouting:
 
 
 class Router:
-    # It serves once it stands by (another holds the lease) or, active, once its handlers are subscribed
-    # (``run``): between taking the lease and subscribing, a request on the queue group finds no router.
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: RouterSettings) -> None:
         self.rt = rt
         self.settings = settings
@@ -124,6 +120,8 @@ class Router:
         one had queued (their keepalives stopped), and what it had forwarded goes on at the workers, which
         drop a re-sent rid they already serve. One that loses the lease stops at once."""
         self.lease = Lease(await lease_bucket(rt.js), "router", rt.instance)
+        # Serving once it stands by (another holds the lease), or, active, once its handlers are subscribed:
+        # between taking the lease and subscribing, a request on the queue group finds no router.
         if not await self.lease.acquire(rt.stopping, standing_by=rt.mark_ready):
             return
         self.active = True

@@ -45,10 +45,6 @@ class _Server(uvicorn.Server):
 
 
 class Scheduler:
-    # It serves once its REST port listens (``run``): active or standing by (a standby forwards, and holds a
-    # request until an active one answers), so a readiness probe sends no client to a closed port.
-    marks_ready = True
-
     def __init__(self, rt: Runtime, settings: SchedulerSettings) -> None:
         self.settings = settings
         # Refuse to start without tokens: an open API lets anyone read and cancel every tenant's jobs.
@@ -97,6 +93,8 @@ class Scheduler:
                 # A stop closes the port at once and gives open answers (a dashboard's event stream) this long.
                 timeout_graceful_shutdown=5,
             ),
+            # Serving once the port listens, active or standing by (a standby forwards, and holds a request
+            # until an active one answers): a readiness probe sends no client to a closed port.
             listening=rt.mark_ready,
         )
         lost: list[LeaseLost] = []

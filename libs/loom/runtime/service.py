@@ -2,8 +2,8 @@
 
 A service is an object with ``async run(rt)`` that returns when ``rt.stopping`` is set, having finished
 or handed back its in-flight work, and an optional ``health() -> dict``. Its health answers before ``run``
-starts; it reports ``ready`` once it serves: at once, or, for a service whose ``run`` has work to do first
-(``marks_ready`` true: all of Loom's six), when that ``run`` calls ``rt.mark_ready()``.
+starts; it reports ``ready`` once it serves, which its ``run`` says by calling ``rt.mark_ready()`` at its own
+point (a rollout worker once its engine is up and on the fleet's weights, the scheduler once its port listens).
 """
 
 from __future__ import annotations
@@ -199,8 +199,6 @@ async def serve(rt: Runtime, build: Callable[[Runtime], Service], signals: bool 
         service = build(rt)
         await rt._serve_plumbing(service)
         log.info("%s %s up (pid %d, nats %s)", rt.name, rt.instance, os.getpid(), rt.settings.nats_url)
-        if not getattr(service, "marks_ready", False):
-            rt.mark_ready()
         await service.run(rt)
     finally:
         # However it ended (a lost lease, a crash), every loop that waits on the stop ends before the drain.
