@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loom import __version__
 from loom.identity.auth import Principal, Tokens, bearer
-from loom.protocol import Job, JobSpec, RLJobSpec, from_json, to_builtins, to_json
+from loom.protocol import INT_RANGE, Job, JobSpec, RLJobSpec, from_json, out_of_range, to_builtins, to_json
 from loom.runtime import bus, results
 from loom.runtime.service import Runtime
 from services.scheduler import openapi
@@ -62,13 +62,17 @@ def _decode(body: bytes, typ: type[T]) -> T | JSONResponse:
     """A request body decoded against ``typ`` (unknown fields refused; ``3.0`` an integer, as JSON Schema has
     it), or the 422 that says where it is wrong."""
     try:
-        return from_json(body or b"{}", typ, lax=True)
+        obj = from_json(body or b"{}", typ, lax=True)
     except msgspec.ValidationError as e:
         return _unprocessable(_loc(str(e)), str(e).split(" - at `", 1)[0])
     except msgspec.DecodeError as e:
         return _unprocessable(["body"], f"invalid JSON: {e}")
     except RecursionError:
         return _unprocessable(["body"], "JSON nested too deeply")
+    where = out_of_range(obj)
+    if where is not None:
+        return _unprocessable(["body", *where], f"integer out of range {INT_RANGE}")
+    return obj
 
 
 def _job_json(job: Job) -> dict[str, Any]:

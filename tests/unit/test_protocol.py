@@ -21,8 +21,10 @@ from loom.protocol import (
     decode_union,
     encode,
     from_json,
+    out_of_range,
     subjects,
 )
+from loom.protocol.sessions import BadRequest, ChatRequest, read_request
 
 
 def test_job_spec_defaults_and_strictness() -> None:
@@ -78,3 +80,35 @@ def test_subjects_are_versioned() -> None:
     assert subjects.worker_gen("w1") == "loom.v1.worker.w1.gen"
     assert subjects.results("job-1") == "loom.v1.results.job-1"
     assert all(s.startswith("loom.v1.") for s in subjects.STREAM_RESULTS_SUBJECTS)
+
+
+# JSON values as a REST body decodes them: integers of any size among the rest.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=3) | st.integers(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_out_of_range_finds_what_the_bus_cannot_carry(value: object) -> None:
+    """None exactly where msgpack encodes it; else the path to an integer outside 64 bits."""
+    where = out_of_range(value)
+    try:
+        encode(value)
+    except OverflowError:
+        assert where is not None
+        for key in where:
+            value = value[key]  # type: ignore[index]
+        assert isinstance(value, int) and not -(2**63) <= value < 2**64
+    else:
+        assert where is None
+
+
+def test_an_openai_request_with_an_integer_the_bus_cannot_carry_is_a_bad_request() -> None:
+    body = b'{"messages": [{"role": "user", "content": "hi", "n": ' + str(10**30).encode() + b"}]}"
+    with pytest.raises(BadRequest, match=r"Integer out of range \(-2\*\*63 to 2\*\*64 - 1\)") as e:
+        read_request(body, ChatRequest)
+    assert e.value.param == "messages[0].n"
+    ok = body.replace(str(10**30).encode(), str(2**64 - 1).encode())
+    assert read_request(ok, ChatRequest).messages[0]["n"] == 2**64 - 1

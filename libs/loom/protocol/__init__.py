@@ -2,15 +2,27 @@
 
 from loom.protocol import messages as _messages
 from loom.protocol import subjects
-from loom.protocol.codec import DecodeError, decode, decode_union, encode, from_json, to_builtins, to_json
+from loom.protocol.codec import (
+    INT_RANGE,
+    DecodeError,
+    decode,
+    decode_union,
+    encode,
+    from_json,
+    out_of_range,
+    to_builtins,
+    to_json,
+)
 from loom.protocol.messages import *  # noqa: F403
 
 __all__ = [
+    "INT_RANGE",
     "DecodeError",
     "decode",
     "decode_union",
     "encode",
     "from_json",
+    "out_of_range",
     "subjects",
     "to_builtins",
     "to_json",

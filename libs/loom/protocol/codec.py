@@ -48,3 +48,29 @@ def from_json(data: bytes | str, typ: type[T], lax: bool = False) -> T:
 
 def to_builtins(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
+
+
+# What msgpack, and so the bus, holds of an integer; JSON has them of any size.
+INT_RANGE = "(-2**63 to 2**64 - 1)"
+
+
+def out_of_range(obj: Any) -> list[str | int] | None:
+    """Where in ``obj`` (a REST body as decoded) the first integer the bus cannot carry is, or None where it
+    can go on the bus. Free-form fields (a task's data, a chat message) take any JSON number; a body holding
+    a 36-digit one failed only when it was sent, as a 500. Encoded once; walked only where that fails."""
+    try:
+        _encoder.encode(obj)
+    except OverflowError:
+        return _first_out_of_range(msgspec.to_builtins(obj))
+    return None
+
+
+def _first_out_of_range(value: Any) -> list[str | int]:
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, v in items:
+        if isinstance(v, int) and not -(2**63) <= v < 2**64:
+            return [key]
+        inner = _first_out_of_range(v)
+        if inner:
+            return [key, *inner]
+    return []

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from loom.protocol.codec import from_json
+from loom.protocol.codec import INT_RANGE, from_json, out_of_range
 
 T = TypeVar("T")
 
@@ -194,7 +194,7 @@ def read_request(raw: bytes, typ: type[T]) -> T:
     """An OpenAI request's JSON body as ``typ``, numbers read as JSON Schema reads them; BadRequest naming the
     field that is wrong, as an OpenAI server answers 400."""
     try:
-        return from_json(raw or b"{}", typ, lax=True)
+        req = from_json(raw or b"{}", typ, lax=True)
     except msgspec.ValidationError as e:
         where = str(e).rsplit(" - at `$.", 1)
         raise BadRequest(
@@ -202,3 +202,9 @@ def read_request(raw: bytes, typ: type[T]) -> T:
         ) from e
     except (msgspec.DecodeError, RecursionError) as e:
         raise BadRequest(f"invalid JSON: {e}") from e
+    loc = out_of_range(req)
+    if loc is not None:
+        # Named as msgspec names a field: messages[0].content
+        param = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc).lstrip(".")
+        raise BadRequest(f"Integer out of range {INT_RANGE}", param)
+    return req
