@@ -259,6 +259,10 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
                         and m["ci95"][0] <= m["diff"] <= m["ci95"][1]
                     )
                     continue
+                if name == "prompt_bound":
+                    # Every trajectory by its prompt's own mean: ties within a prompt, ranks between.
+                    assert -1.0 <= m["tau"] <= 1.0 and -1.0 <= m.get("between_prompts", 0) <= 1.0
+                    continue
                 if name == "in_sample_bound":
                     # Its candidates include every heuristic the served model has: never below the best free one.
                     assert (
@@ -270,7 +274,7 @@ def test_bench_predictor_reports_every_method_with_intervals(tmp_path: Path) -> 
                 assert -1.0 <= low <= m["tau"] <= high <= 1.0 and m["batches"] >= 1
                 if "recall" in m:
                     assert 0.0 <= m["recall"] <= 1.0 and -1.0 <= m["pearson"] <= 1.0
-        assert set(rows["step0"]) == methods | {"served_vs_best", "in_sample_bound"}
+        assert set(rows["step0"]) == methods | {"served_vs_best", "in_sample_bound", "prompt_bound"}
 
 
 def test_bench_async_compares_the_modes_per_step(tmp_path: Path) -> None:

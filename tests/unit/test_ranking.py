@@ -21,24 +21,47 @@ from loom.predict.evaluate import kendall_tau_b
 from loom.workloads.base import Workload, WorkStep, WorkTraj
 
 
-def _brute_tau_b(x: list[float], y: list[float]) -> float:
-    concordant = discordant = tied_x = tied_y = 0
+def _brute_tau_b(x: list[float], y: list[float], groups: list[str] | None = None) -> float:
+    concordant = discordant = tied_x = tied_y = pairs = 0
     for i, j in itertools.combinations(range(len(x)), 2):
+        if groups is not None and groups[i] == groups[j]:
+            continue
+        pairs += 1
         dx, dy = x[i] - x[j], y[i] - y[j]
         tied_x += dx == 0
         tied_y += dy == 0
         s = dx * dy
         concordant += s > 0
         discordant += s < 0
-    pairs = len(x) * (len(x) - 1) // 2
     denom = math.sqrt((pairs - tied_x) * (pairs - tied_y))
     return 0.0 if denom == 0 else (concordant - discordant) / denom
 
 
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=0, max_size=30))
-def test_tau_b_equals_brute_force_with_ties(pairs: list[tuple[int, int]]) -> None:
-    x, y = [float(a) for a, _ in pairs], [float(b) for _, b in pairs]
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.sampled_from("abc")), max_size=30))
+def test_tau_b_equals_brute_force_with_ties_and_over_pairs_of_different_groups(
+    rows: list[tuple[int, int, str]],
+) -> None:
+    x, y, g = [float(a) for a, _, _ in rows], [float(b) for _, b, _ in rows], [c for _, _, c in rows]
     assert kendall_tau_b(x, y) == pytest.approx(_brute_tau_b(x, y), abs=1e-12)
+    assert kendall_tau_b(x, y, g) == pytest.approx(_brute_tau_b(x, y, g), abs=1e-12)
+
+
+def test_between_prompts_sets_aside_the_order_within_a_prompt_that_leaving_one_out_reverses() -> None:
+    """A sample's history is the rest of its group here, so the mean of its history orders a prompt's
+    samples backwards; between prompts it ranks as the prompts' means do, and the prompt bound ties within."""
+    w = Workload("t", "")
+    for p, level in (("a", 100), ("b", 400), ("c", 1600)):
+        w.trajectories += [_traj(p, s, [level + 10 * s], 50) for s in range(4)]
+    learned = {t.id: np.full(len(t.steps), 1.0) for t in w.trajectories}
+    report = ranking_report(w, learned, {0: {t.id: 1.0 for t in w.trajectories}})["step0"]
+    mean = report["previous_mean"]
+    assert mean["between_prompts"] == 1.0 and mean["tau"] < 0.8  # 18 of 66 pairs within a prompt, reversed
+    assert report["prompt_bound"] == {
+        "tau": pytest.approx(0.853, abs=1e-3),
+        "between_prompts": 1.0,
+        "between_vs_best": 0.0,
+    }
+    assert report["served"]["between_prompts"] == 0.0 and report["served_vs_best"]["between_diff"] == -1.0
 
 
 def _traj(prompt: str, sample: int, outs: list[int], prompt_len: int) -> WorkTraj:
@@ -106,6 +129,7 @@ def test_a_first_epoch_report_knows_no_earlier_sample_and_holds_served_to_what_i
         "prompt_length",
         "served_vs_best",
         "in_sample_bound",
+        "prompt_bound",
     }
     vs = report["step0"]["served_vs_best"]
     assert vs["best"] == "prompt_length" and vs["diff"] == 0.0

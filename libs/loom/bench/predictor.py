@@ -21,7 +21,10 @@ sibling, the prompt's previous epoch and the mean of its earlier samples, the pr
 95% interval over batches, recall of the top 10% and Pearson's r beside it, and the combiner fitted on two
 trace sets and tested on the third. Beside the served model's gain over the best free heuristic stands what
 its forms reach fitted on the very batches they rank (``in_sample_bound``, ``loom.bench.ranking_bound``): an
-idealisation, the most a model of its kind could ask of that step's information.
+idealisation, the most a model of its kind could ask of that step's information; and each method's tau over
+the pairs of different prompts alone, with what ranking by each prompt's own mean total reaches there
+(``between_prompts``, ``prompt_bound``): at admission a prompt's samples cannot be told apart, and the history
+heuristics' order within a prompt is this benchmark's construction (``loom.bench.predictor_ranking``).
 
 Latency is the ONNX Runtime call for a batch of 1 and of 32 contexts of 2,048 tokens (``b1``, ``b32``), in a
 process of its own as the service runs it, the contexts tokenised beforehand as the service does on each
@@ -340,13 +343,15 @@ def _print(console: Console, r: dict[str, Any]) -> None:
         (", in a first epoch (no earlier samples of a prompt)", r["ranking"].get("first_epoch", {})),
     ):
         t = Table(title=f"Kendall's tau-b within batches of 8 prompts (95% interval over batches){title}")
-        for col in ("trace set", "step", *RANK_METHODS, "served - best", "in-sample bound - best"):
+        cols = ("served - best", "between prompts", "in-sample bound - best", "prompt bound - best, between")
+        for col in ("trace set", "step", *RANK_METHODS, *cols):
             t.add_column(col, justify="right")
         for name, rows in ranking.items():
             for step, methods in rows.items():
                 if not step.startswith("step"):
                     continue
                 vs, bound = methods.get("served_vs_best"), methods.get("in_sample_bound")
+                by_prompt = methods.get("prompt_bound") or {}
                 t.add_row(
                     name,
                     step[4:],
@@ -359,7 +364,9 @@ def _print(console: Console, r: dict[str, Any]) -> None:
                     f"{vs['diff']:+.2f} ({vs['ci95'][0]:+.2f}..{vs['ci95'][1]:+.2f}) vs {vs['best']}"
                     if vs
                     else "-",
+                    f"{vs['between_diff']:+.2f}" if vs and "between_diff" in vs else "-",
                     f"{bound['vs_best']:+.2f} ({bound['by']})" if bound else "-",
+                    f"{by_prompt['between_vs_best']:+.2f}" if "between_vs_best" in by_prompt else "-",
                 )
         console.print(t)
     lat = r["latency_ms"]

@@ -24,6 +24,14 @@ the recall of the top 10% and Pearson's r over all the workload's trajectories a
 served model's tau against the best free heuristic's at that step (``served_vs_best``: the text model is
 not free), paired batch by batch.
 
+Beside each tau, ``between_prompts``: tau-b over the batch's pairs of samples of different prompts alone
+(``served_vs_best`` gives the served model's gain there, ``between_diff``). Within a prompt the history
+heuristics' order is reversed by construction here: a sample's earlier samples are the other samples of its
+group, so the longer of two siblings has the shorter others (a real previous epoch is one for the whole
+group, and ties within it); and at admission nothing tells a prompt's samples apart. So at step 0 a gain over
+a history heuristic within a prompt is this construction's, not a prediction's; between prompts it is real,
+and ``prompt_bound`` (each trajectory scored by its prompt's own mean total) is what ranking prompts can reach.
+
 ``held_out``: the combiner fitted on two workloads and tested on the third (every rotation), against the
 heuristics on that third: how it does on a workload it never saw.
 
@@ -172,10 +180,14 @@ def within_batches(
 
 
 def batch_taus(
-    workload: Workload, by_method: Mapping[str, Mapping[str, float]], batch_prompts: int = BATCH_PROMPTS
+    workload: Workload,
+    by_method: Mapping[str, Mapping[str, float]],
+    batch_prompts: int = BATCH_PROMPTS,
+    between: bool = False,
 ) -> dict[str, list[float]]:
     """Each method's tau-b in every batch with two or more of its trajectories scored (one list per
-    method, batch by batch in the workload's order: paired across methods)."""
+    method, batch by batch in the workload's order: paired across methods); ``between``: over the pairs of
+    different prompts alone (``between_prompts``)."""
     prompts = list(workload.by_prompt())
     actual = {t.id: float(t.output_tokens) for t in workload.trajectories}
     prompt_of = {t.id: t.prompt for t in workload.trajectories}
@@ -185,8 +197,9 @@ def batch_taus(
         taus = out.setdefault(method, [])
         for batch in batches:
             ids = [i for i in score if prompt_of[i] in batch]
-            if len(ids) >= 2:
-                taus.append(kendall_tau_b([score[i] for i in ids], [actual[i] for i in ids]))
+            if len(ids) >= 2 and (not between or len({prompt_of[i] for i in ids}) >= 2):
+                groups = [prompt_of[i] for i in ids] if between else None
+                taus.append(kendall_tau_b([score[i] for i in ids], [actual[i] for i in ids], groups))
     return out
 
 
@@ -212,6 +225,7 @@ def step_report(
     actual_of = {t.id: float(t.output_tokens) for t in workload.trajectories}
     taus = within_batches(workload, by_method)
     per_batch = batch_taus(workload, by_method)
+    apart = batch_taus(workload, by_method, between=True)
     out: dict[str, object] = {}
     for m, iv in taus.items():
         ids = sorted(by_method[m])
@@ -223,6 +237,8 @@ def step_report(
             "batches": iv.batches,
             "trajectories": iv.trajectories,
         }
+        if apart.get(m):
+            row["between_prompts"] = round(float(np.mean(apart[m])), 3)
         if len(ids) >= 10:
             for name, metric in (("recall", evaluate.tail_recall), ("pearson", evaluate.pearson)):
                 b = evaluate.bootstrap(metric, actual, predicted, samples=bootstrap_samples)
@@ -232,7 +248,12 @@ def step_report(
     heuristics = [m for m in taus if m in FREE]
     if "served" in taus and heuristics:
         best = max(heuristics, key=lambda m: taus[m].estimate)
-        out["served_vs_best"] = {"best": best, **_paired(per_batch["served"], per_batch[best])}
+        vs: dict[str, object] = {"best": best, **_paired(per_batch["served"], per_batch[best])}
+        if apart.get("served") and apart.get(best):
+            vs["between_diff"] = round(
+                float(np.mean(np.asarray(apart["served"]) - np.asarray(apart[best]))), 3
+            )
+        out["served_vs_best"] = vs
     return out
 
 
@@ -261,6 +282,7 @@ def ranking_report(
         vs = fig.get("served_vs_best")
         if isinstance(vs, dict):
             fig["in_sample_bound"] = in_sample_bound(workload, known, by_method, vs["best"])
+            fig["prompt_bound"] = prompt_bound(workload, known, by_method, vs["best"])
         if any(m in fig for m in METHODS):
             report[f"step{k}"] = fig
     return report
@@ -282,3 +304,26 @@ def in_sample_bound(
         "tau": round(float(np.mean(taus[top])), 3),
         "vs_best": round(float(np.mean(np.asarray(taus[top]) - np.asarray(taus[best]))), 3),
     }
+
+
+def prompt_bound(
+    workload: Workload, known: Mapping[str, Known], by_method: Mapping[str, Mapping[str, float]], best: str
+) -> dict[str, object]:
+    """What ranking by the prompt alone reaches: every trajectory scored by the mean log total of its prompt's
+    samples, its own among them (an idealisation: no predictor knows them). At admission a prompt's samples
+    differ in nothing a predictor can read, so between prompts this is about the most any predictor reaches
+    there, and within a prompt it ties. Its tau within batches, over the pairs of different
+    prompts, and the latter's gain over the best free heuristic ``best``'s, paired by batch."""
+    logs: dict[str, list[float]] = {}
+    for t in workload.trajectories:
+        logs.setdefault(t.prompt, []).append(float(np.log(max(t.output_tokens, 1))))
+    prompt_of = {t.id: t.prompt for t in workload.trajectories}
+    scores = {"bound": {i: float(np.mean(logs[prompt_of[i]])) for i in known}, best: by_method[best]}
+    out: dict[str, object] = {"tau": round(float(np.mean(batch_taus(workload, scores)["bound"])), 3)}
+    apart = batch_taus(workload, scores, between=True)
+    if apart["bound"]:  # some batch holds two prompts
+        out["between_prompts"] = round(float(np.mean(apart["bound"])), 3)
+        out["between_vs_best"] = round(
+            float(np.mean(np.asarray(apart["bound"]) - np.asarray(apart[best]))), 3
+        )
+    return out

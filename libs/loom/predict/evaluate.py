@@ -38,16 +38,21 @@ def pearson(predicted: Sequence[float], actual: Sequence[float]) -> float:
     return float(np.corrcoef(p, a)[0, 1])
 
 
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b (ties in either variable corrected for); 0 where either side is constant."""
+def kendall_tau_b(x: Sequence[float], y: Sequence[float], groups: Sequence[str] | None = None) -> float:
+    """Kendall's tau-b (ties in either variable corrected for); 0 where either side is constant. With
+    ``groups``, over the pairs of different groups alone (a batch's pairs of samples of different prompts)."""
     a, b = np.asarray(x, float), np.asarray(y, float)
-    if len(a) != len(b):
-        raise ValueError("x and y must be of one length")
+    if len(a) != len(b) or (groups is not None and len(groups) != len(a)):
+        raise ValueError("x, y and groups must be of one length")
     if len(a) < 2:
         return 0.0
     iu = np.triu_indices(len(a), k=1)
     dx = np.sign(a[:, None] - a[None, :])[iu]
     dy = np.sign(b[:, None] - b[None, :])[iu]
+    if groups is not None:
+        g = np.unique(np.asarray(groups), return_inverse=True)[1]
+        apart = (g[:, None] != g[None, :])[iu]
+        dx, dy = dx[apart], dy[apart]
     pairs = len(dx)
     untied_x, untied_y = pairs - np.count_nonzero(dx == 0), pairs - np.count_nonzero(dy == 0)
     if untied_x == 0 or untied_y == 0:
