@@ -394,14 +394,16 @@ class StreamManager:
             )
 
     async def _members(self, model: str, attempts: int = 3) -> list[str]:
-        """The workers of ``model``'s fleet. A registry read that finds none is tried again a second later: the
-        key-value listing behind it can come back empty for a moment (seen once in 30 updates of a training run
-        whose worker was serving), and a missed worker would fail the update."""
+        """The workers of ``model``'s fleet. A registry read that finds no worker at all is tried again a second
+        later: the key-value listing behind it can come back empty for a moment (seen once in 30 updates of a
+        training run whose worker was serving), and a missed worker would fail the update. One that lists other
+        models' workers was read whole: ``model`` has none, said at once (a request for a model nobody serves
+        waited two seconds, once past a client's ten under load)."""
         for attempt in range(attempts):
             members = await read_workers(self.rt.js, within_s=FLEET_MEMBER_S)
             workers = sorted(w for w, i in members.items() if i.model == model)
             self._tp.update({w: members[w].tp for w in workers})
-            if workers or attempt == attempts - 1:
+            if workers or members or attempt == attempts - 1:
                 return workers
             log.warning("no worker of %s in the registry; reading it again", model)
             await asyncio.sleep(1.0)

@@ -214,7 +214,9 @@ async def test_crashes_mid_stream_lose_no_group_and_deliver_none_twice(
     assert sorted(tasks) == sorted({t for t in tasks}) and len(tasks) == n_tasks
 
 
-async def test_rest_edge_serves_a_trainer_in_any_language(nc: NATS, services: Services, reward: None) -> None:
+async def test_rest_edge_serves_a_trainer_in_any_language(
+    nc: NATS, services: Services, reward: None, caplog: pytest.LogCaptureFixture
+) -> None:
     port = free_port()
     await stack(services, speed=100.0, port=port)
     body = to_builtins(spec(4, buffer_groups=2, async_bound=1))
@@ -255,6 +257,12 @@ async def test_rest_edge_serves_a_trainer_in_any_language(nc: NATS, services: Se
         nowhere = {"version": 3, "weights": {"transport": "collective", "tensors": [["w", "float32", [3]]]}}
         r = await http.post(f"/v1/models/{model}/weights", json=nowhere)
         assert r.status_code == 422 and "address, group" in r.text
+        # A model nobody serves, with the registry listing other models' workers: 404 on the first read (the
+        # registry was read again twice, a second apart, as if its listing had come back empty).
+        caplog.clear()
+        r = await http.post("/v1/models/qwen3-unserved/weights", json={"version": 1, "path": "/ckpt"})
+        assert r.status_code == 404 and "no rollout worker serves 'qwen3-unserved'" in r.text
+        assert "reading it again" not in caplog.text
 
 
 async def test_a_trainer_that_disappears_releases_its_stream(nc: NATS, services: Services) -> None:
