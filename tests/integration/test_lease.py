@@ -103,3 +103,24 @@ async def test_a_holder_whose_renewals_go_unanswered_stops_within_the_ttl(tmp_pa
         with contextlib.suppress(OSError):  # its server is gone
             await nc.close()
         await server.stop()
+
+
+async def test_a_holder_whose_store_failed_stops_at_the_lapse_not_a_timeout_later(nc: NATS) -> None:
+    """Renewals that fail at once (the lease's stream has no leader) and then one that goes unanswered at the
+    lapse: the holder stops acting at the lapse. It used to ask once more without a deadline and wait out
+    nats-py's 5 s timeout, while a standby had taken over: the HA e2e test's logs showed both schedulers
+    completing the same job."""
+    kv = await _bucket(nc, "lease_e")
+    a = Lease(kv, "scheduler", "a", ttl_s=TTL)
+    assert await a.try_acquire()
+    taken = time.monotonic()
+    await nc.jetstream().delete_stream("KV_lease_e")  # no stream: every renewal fails at once
+    await a.renew()
+    assert a.held
+    await asyncio.sleep(taken + TTL + 0.05 - time.monotonic())
+    await nc.subscribe("$KV.lease_e.>")  # now a renewal is taken by someone who never answers
+    asked = time.monotonic()
+    with pytest.raises(LeaseLost, match="could not be renewed"):
+        await a.renew()
+    assert time.monotonic() - asked < 0.5
+    assert not a.held

@@ -68,6 +68,9 @@ class Lease:
         self.me = Holder(instance, address, uuid.uuid4().hex, time.time())
         self.revision: int | None = None
         self._renewed = 0.0
+        self._failing = (
+            False  # the last renewal failed: the lease lapses at ``_renewed + ttl_s`` unless one lands
+        )
 
     @property
     def held(self) -> bool:
@@ -92,7 +95,7 @@ class Lease:
             self.revision = await self.kv.create(self.key, msgspec.json.encode(self.me))
         except KeyWrongLastSequenceError:
             return False
-        self._renewed = sent
+        self._renewed, self._failing = sent, False
         log.info("lease %s taken by %s", self.key, self.me.instance)
         return True
 
@@ -129,10 +132,17 @@ class Lease:
         # whether another took it or it lapsed unclaimed.)
         sent = time.monotonic()
         left = self._renewed + self.ttl_s - sent
+        if left <= 0 and self._failing:
+            # Lapsed because the store did not answer (its stream electing a leader), not because this instance
+            # was too busy to ask: a standby may hold it already. Asking now waited out nats-py's timeout (5 s)
+            # while acting, and the HA e2e test logged two active schedulers completing the same job.
+            self.revision = None
+            raise LeaseLost(f"lease {self.key} could not be renewed for {self.ttl_s:g} s")
         try:
-            async with asyncio.timeout(left if left > 0 else None):
+            # One too busy to renew in time asks only briefly: the answer says whether it lapsed unclaimed.
+            async with asyncio.timeout(left if left > 0 else self.ttl_s / 4):
                 rev = await self.kv.update(self.key, msgspec.json.encode(self.me), last=self.revision)
-            self.revision, self._renewed = rev, sent
+            self.revision, self._renewed, self._failing = rev, sent, False
             return
         except KeyWrongLastSequenceError:
             # A renewal whose reply was lost still counts: the entry then carries our nonce. When it was sent is
@@ -155,6 +165,7 @@ class Lease:
         except Exception as e:
             if time.monotonic() - self._renewed < self.ttl_s:
                 log.warning("lease %s: renewal failed (%s: %s); retrying", self.key, type(e).__name__, e)
+                self._failing = True
                 return
             self.revision = None
             raise LeaseLost(f"lease {self.key} could not be renewed for {self.ttl_s:g} s: {e}") from e
