@@ -134,6 +134,9 @@ class Scheduler:
         except LeaseLost as e:
             assert self.role is not None
             self.role.active = False
+            # Another may act already: stop now, before the API's graceful shutdown and the drain.
+            await rt.stop_handling()
+            await self.streams.close()
             lost.append(e)
             rt.stopping.set()
 

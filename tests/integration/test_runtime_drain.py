@@ -1,9 +1,17 @@
-"""A stopping service drains in moments, whatever its pull consumers left unread."""
+"""A stopping service drains in moments, whatever its pull consumers left unread; one that must stop acting
+(its lease lost) takes no more work at once, and still answers its health."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import pytest
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+
+from loom.protocol import Health, StreamRef, decode, subjects
+from loom.runtime import bus
 from loom.runtime.service import Runtime
 from loom.settings import LoomSettings
 
@@ -24,3 +32,31 @@ async def test_drain_does_not_wait_on_messages_nobody_will_read(nats_url: str) -
     t0 = time.monotonic()
     await rt.drain()
     assert rt.nc.is_closed and time.monotonic() - t0 < 2
+
+
+async def test_a_service_that_stops_handling_takes_no_more_work_and_answers_its_health(nats_url: str) -> None:
+    rt = Runtime("scheduler", LoomSettings(nats_url=nats_url))
+    await rt.connect()
+
+    class Service:
+        async def run(self, rt: Runtime) -> None: ...
+
+        def health(self) -> dict[str, Any]:
+            return {"role": "standby"}
+
+    async def echo(ref: StreamRef, _msg: Msg) -> StreamRef:
+        return ref
+
+    await rt._serve_plumbing(Service())
+    await rt.subscribe("loom.test.work", StreamRef, echo)
+    nc = await bus.connect(nats_url, "client")
+    try:
+        assert (await bus.request(nc, "loom.test.work", StreamRef("a"), StreamRef)).stream_id == "a"
+        await rt.stop_handling()
+        with pytest.raises(NoRespondersError):
+            await bus.request(nc, "loom.test.work", StreamRef("a"), StreamRef, timeout_s=2)
+        health = decode((await nc.request(subjects.health("scheduler"), b"", timeout=2)).data, Health)
+        assert health.details == {"role": "standby"}
+    finally:
+        await nc.close()
+        await rt.drain()

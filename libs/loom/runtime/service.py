@@ -52,6 +52,7 @@ class Runtime:
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._subs: list[Subscription] = []
+        self._handlers: list[Subscription] = []  # what ``subscribe`` took: the service's work, not its health
         self.ready = False
 
     def mark_ready(self) -> None:
@@ -125,7 +126,17 @@ class Runtime:
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
         self._subs.append(sub)
+        self._handlers.append(sub)
         return sub
+
+    async def stop_handling(self) -> None:
+        """Take no more messages on what ``subscribe`` took; health and metrics still answer. An instance that
+        lost its lease stops acting now, not once its drain ends (after its API's graceful shutdown, seconds
+        on which it went on completing jobs beside its successor)."""
+        subs, self._handlers = self._handlers, []
+        for sub in subs:
+            with contextlib.suppress(Exception):  # its connection is gone: nothing reaches it anyway
+                await sub.unsubscribe()
 
     async def reject(self, msg: Msg, reason: str) -> None:
         self.metrics.bad_messages.labels(msg.subject).inc()
