@@ -50,10 +50,11 @@ async def _ask(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeou
     JetStream write found no stream leader (a nats-server of a cluster died) answers ``FAILOVER``. Either way
     the request did nothing, so asking again is safe, even for a request that is not idempotent."""
     start = time.monotonic()
-    # A takeover takes up to the lease's ttl and then the successor's reload, an election a few seconds: wait
-    # that long, whatever the timeout. A reload read through an election takes seconds of its own on a loaded
-    # host (the HA e2e test's trainer gave up at ttl + 2 = 8 s once), hence a second ttl.
-    takeover_until = start + max(timeout_s, 2 * lease_ttl() + 2.0)
+    # A takeover takes the lease's ttl (the dead one's lease lapses), the successor's create through the lease
+    # bucket's election, and then its reload, which reads and republishes through the streams' elections for
+    # up to ``FAILOVER_S`` before it serves: wait that long, whatever the timeout. The HA e2e test's reload
+    # took 21 s through a nats-server's death, and its trainer gave up at 2 * ttl + 2 = 14 s.
+    takeover_until = start + max(timeout_s, 2 * lease_ttl() + bus.FAILOVER_S)
     failover_until = start + max(timeout_s, bus.FAILOVER_S)
     while True:
         try:
