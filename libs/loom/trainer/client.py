@@ -19,12 +19,10 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
 
 from loom.protocol import (
     BatchTaken,
@@ -36,36 +34,12 @@ from loom.protocol import (
     subjects,
 )
 from loom.runtime import bus
-from loom.runtime.lease import lease_ttl
+from loom.runtime.leader import ask_active
 from loom.trainer.buffer import Batch, SampleBuffer
 from loom.weights.publish import Transport, Weights, deliver_during
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-async def _ask(nc: NATS, subject: str, payload: Any, reply_type: type[T], timeout_s: float = 5.0) -> T:
-    """``bus.request``, waiting out a scheduler that is not there yet and a bus that fails over. A scheduler
-    starting, or a standby taking over from a dead one (``loom.runtime.lease``), answers no one for a moment; one whose
-    JetStream write found no stream leader (a nats-server of a cluster died) answers ``FAILOVER``. Either way
-    the request did nothing, so asking again is safe, even for a request that is not idempotent."""
-    start = time.monotonic()
-    # A takeover takes the lease's ttl (the dead one's lease lapses), the successor's create through the lease
-    # bucket's election, and then its reload, which reads and republishes through the streams' elections for
-    # up to ``FAILOVER_S`` before it serves: wait that long, whatever the timeout. The HA e2e test's reload
-    # took 21 s through a nats-server's death, and its trainer gave up at 2 * ttl + 2 = 14 s.
-    takeover_until = start + max(timeout_s, 2 * lease_ttl() + bus.FAILOVER_S)
-    failover_until = start + max(timeout_s, bus.FAILOVER_S)
-    while True:
-        try:
-            return await bus.request(nc, subject, payload, reply_type, timeout_s=timeout_s)
-        except NoRespondersError:
-            if time.monotonic() >= takeover_until:
-                raise
-        except bus.BusError as e:
-            if e.code != bus.FAILOVER or time.monotonic() >= failover_until:
-                raise
-        await asyncio.sleep(0.2)
 
 
 class StreamClient:
@@ -84,14 +58,14 @@ class StreamClient:
     @classmethod
     async def create(cls, nats: str | NATS, spec: StreamSpec, timeout_s: float = 60.0) -> StreamClient:
         nc, own = await _connect(nats)
-        st = await _ask(nc, subjects.STREAM_CREATE, spec, Stream, timeout_s=timeout_s)
+        st = await ask_active(nc, subjects.STREAM_CREATE, spec, Stream, timeout_s=timeout_s)
         return cls(nc, st, own)
 
     @classmethod
     async def attach(cls, nats: str | NATS, stream_id: str) -> StreamClient:
         """Take over an existing stream (e.g. a restarted trainer): groups it had not taken are still there."""
         nc, own = await _connect(nats)
-        st = await _ask(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream)
+        st = await ask_active(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream)
         return cls(nc, st, own)
 
     async def __aenter__(self) -> StreamClient:
@@ -124,7 +98,9 @@ class StreamClient:
         false takes every version inside the pause."""
         if transport is None:
             u = WeightUpdate(self.id, version, path, timeout_s=timeout, async_fetch=async_fetch)
-            res = await _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30)
+            res = await ask_active(
+                self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout_s=timeout + 30
+            )
         else:
             if model is None:
                 raise ValueError("a transport moves a model's weights: give the model")
@@ -141,13 +117,13 @@ class StreamClient:
                 transport,
                 ref,
                 timeout,
-                _ask(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout + 30),
+                ask_active(self.nc, subjects.STREAM_WEIGHTS, u, WeightUpdateResult, timeout + 30),
             )
         await self.refresh()
         return res
 
     async def refresh(self) -> Stream:
-        self.stream = await _ask(self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream)
+        self.stream = await ask_active(self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream)
         return self.stream
 
     @property
@@ -163,7 +139,7 @@ class StreamClient:
             self._lease = None
         if cancel and not self.nc.is_closed:
             with contextlib.suppress(bus.BusError, TimeoutError):
-                self.stream = await _ask(self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream)
+                self.stream = await ask_active(self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream)
         await self.buffer.close(delete=cancel)
         if self._own and not self.nc.is_closed:
             await self.nc.drain()
@@ -171,7 +147,7 @@ class StreamClient:
     async def _report(self, taken: BatchTaken) -> None:
         for attempt in range(5):
             try:
-                self.stream = await _ask(self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10)
+                self.stream = await ask_active(self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10)
                 return
             except TimeoutError:
                 await asyncio.sleep(0.5 * 2**attempt)
@@ -182,7 +158,7 @@ class StreamClient:
         while True:
             await asyncio.sleep(period)
             try:
-                await _ask(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream)
+                await ask_active(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream)
             except Exception as e:  # the next renewal may get through; the lease outlasts a few misses
                 log.warning("lease renewal of %s failed: %s", self.id, e)
 

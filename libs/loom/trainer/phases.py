@@ -30,7 +30,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from loom.protocol import (
-    ErrorReply,
     PhaseAck,
     PhaseDone,
     PhasePermit,
@@ -38,10 +37,11 @@ from loom.protocol import (
     PhaseRequest,
     TailMigration,
     decode,
-    decode_union,
     encode,
     subjects,
 )
+from loom.runtime import bus
+from loom.runtime.leader import ask_active
 
 T = TypeVar("T")
 Hook = Callable[..., Awaitable[None] | None]
@@ -99,11 +99,11 @@ class PhaseClient:
         self._subs.clear()
 
     async def _ask(self, subject: str, payload: Any) -> PhaseAck:
-        reply = await self.nc.request(subject, encode(payload), timeout=self.request_timeout_s)
-        out = decode_union(reply.data, PhaseAck | ErrorReply)
-        if isinstance(out, ErrorReply):
-            raise PhaseError(f"{out.code}: {out.message}")
-        return out
+        # Through a scheduler takeover, as the trainer SDK asks: a co-scheduled job outlives its scheduler.
+        try:
+            return await ask_active(self.nc, subject, payload, PhaseAck, self.request_timeout_s)
+        except bus.BusError as e:
+            raise PhaseError(f"{e.code}: {e.message}") from None
 
     async def acquire(self, phase: str, timeout_s: float | None = None) -> PhasePermit:
         """Ask for ``phase`` and wait for its permit (the group's round robin decides when)."""
