@@ -20,6 +20,7 @@ import msgspec
 import nats
 import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
 from loom.protocol import Step, Stream, StreamRef, Trajectory, subjects
@@ -78,7 +79,7 @@ async def test_a_scheduler_that_loses_its_lease_closes_its_api_and_exits(
             while True:
                 try:
                     await bus.request(nc, subjects.STREAM_GET, ref, Stream, timeout_s=2)
-                except NoRespondersError:
+                except (NoRespondersError, NatsTimeoutError):  # unanswered: see test_runtime_drain
                     break
                 assert time.monotonic() - lost < 10, "it answers on"
                 await asyncio.sleep(0.05)

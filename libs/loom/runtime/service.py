@@ -134,9 +134,12 @@ class Runtime:
         lost its lease stops acting now, not once its drain ends (after its API's graceful shutdown, seconds
         on which it went on completing jobs beside its successor)."""
         subs, self._handlers = self._handlers, []
-        for sub in subs:
-            with contextlib.suppress(Exception):  # its connection is gone: nothing reaches it anyway
+        with contextlib.suppress(Exception):  # its connection is gone: nothing reaches it anyway
+            for sub in subs:
                 await sub.unsubscribe()
+            # Until the server has read the unsubscriptions it routes requests here, where nobody reads them
+            # (the caller would wait out its timeout, not be told at once that nobody answers).
+            await self.nc.flush(timeout=2)
 
     async def reject(self, msg: Msg, reason: str) -> None:
         self.metrics.bad_messages.labels(msg.subject).inc()
