@@ -68,9 +68,8 @@ class Lease:
         self.me = Holder(instance, address, uuid.uuid4().hex, time.time())
         self.revision: int | None = None
         self._renewed = 0.0
-        self._failing = (
-            False  # the last renewal failed: the lease lapses at ``_renewed + ttl_s`` unless one lands
-        )
+        # The last renewal failed: the lease lapses at ``_renewed + ttl_s`` unless one lands before.
+        self._failing = False
 
     @property
     def held(self) -> bool:
