@@ -97,6 +97,44 @@ def test_allocation_follows_the_policy() -> None:
     assert sum(adaptive) == 16 and adaptive == sorted(adaptive, reverse=True)
 
 
+def test_an_engine_that_cannot_hold_the_longest_call_is_never_allocated() -> None:
+    """Qwen3-32B at MP 1 holds 40,860 KV tokens. The allocator used to fill an odd GPU with it whatever the
+    workload's context, and the one trajectory of 45,000 tokens placed there stopped the rollout ("needs
+    42000 KV tokens, the engine holds 40860"); now the odd GPU stays idle."""
+    short = [
+        WorkTraj(f"s{i}", f"p{i // 4}", i % 4, (WorkStep(800, 300, 1.0), WorkStep(1200, 300, 0.0)))
+        for i in range(120)
+    ]
+    long = WorkTraj("long", "pl", 0, (WorkStep(40_000, 2_000, 1.0), WorkStep(44_000, 1_000, 0.0)))
+    w = Workload("mixed", "", [*short, long])
+    assert w.max_context == 45_000
+    r = run_rollout(w, PRESETS["heddle"], Cluster(gpus=3, model="qwen3-32b"), predictor="none")
+    assert r.degrees == [2] and r.output_tokens == sum(t.output_tokens for t in w.trajectories)
+    fits = run_rollout(Workload("short", "", short), PRESETS["heddle"], Cluster(gpus=3, model="qwen3-32b"))
+    assert sum(fits.degrees) == 3  # a context MP 1 holds still uses every GPU
+
+
+@given(
+    gpus=st.integers(1, 24),
+    model=st.sampled_from(["qwen3-8b", "qwen3-32b"]),
+    context=st.sampled_from([0, 30_000, 45_000, 400_000, 1_000_000]),
+    predicted=st.lists(st.floats(10.0, 50_000.0), min_size=1, max_size=12),
+)
+def test_every_allocated_degree_holds_the_context_on_all_the_gpus_it_can(
+    gpus: int, model: str, context: int, predicted: list[float]
+) -> None:
+    cluster = Cluster(gpus=gpus, model=model)
+    fits = cluster.degrees_that_fit(context)
+    if not fits:
+        with pytest.raises(ValueError, match="holds a request"):
+            allocate(PRESETS["heddle"], cluster, predicted, context=context)
+        return
+    degrees = allocate(PRESETS["heddle"], cluster, predicted, context=context)
+    assert all(cluster.holds(d, context) for d in degrees)
+    # Idle GPUs only where no degree that holds it could use them.
+    assert gpus - min(fits) < sum(degrees) <= gpus
+
+
 def test_the_allocation_prices_workers_alike_under_every_queue_order() -> None:
     """Loom's allocation with another system's queue order: a worker's time is its work draining at the
     full batch's rate whatever the order. The group simulation that priced non-PPS orders overstated low

@@ -15,11 +15,11 @@ from loom.bench.workloads import profile, swe_lengths
 from loom.policies.partition import WorkerProfile, presorted_dp, realised_makespans
 from loom.policies.resources import (
     ResourceProblem,
-    _representable,
     anneal,
     count_states,
     exhaustive,
     fixed,
+    representable,
     worse_share_mean,
 )
 
@@ -180,7 +180,7 @@ def test_a_budget_splits_into_degrees_exactly_when_brute_force_finds_a_split(
         sum(k * x for k, x in zip(counts, d, strict=True)) == total
         for counts in itertools.product(*(range(total // x + 1) for x in d))
     )
-    assert _representable(total, d) == brute
+    assert representable(total, d) == brute
 
 
 def test_a_cluster_of_hundreds_of_gpus_is_split_and_sampled() -> None:

@@ -83,7 +83,7 @@ class ResourceProblem:
         self.factors = (
             np.exp(log_sd * rng.standard_normal((draws, len(self.lengths)))) if log_sd > 0 else None
         )
-        if not _representable(gpus, tuple(self.degrees)):
+        if not representable(gpus, tuple(self.degrees)):
             raise ValueError(f"{gpus} GPUs cannot be split into degrees {self.degrees}")
 
     def evaluate(self, state: State) -> Partition:
@@ -131,9 +131,7 @@ class ResourceProblem:
         while True:
             left, out = self.gpus, []
             while left > 0:
-                fits = [
-                    d for d in self.degrees if d <= left and _representable(left - d, tuple(self.degrees))
-                ]
+                fits = [d for d in self.degrees if d <= left and representable(left - d, tuple(self.degrees))]
                 d = rng.choice(fits)
                 out.append(d)
                 left -= d
@@ -262,7 +260,7 @@ def _multisets(total: int, degrees: tuple[int, ...]) -> Iterator[State]:
 
 
 @lru_cache(maxsize=4096)
-def _representable(total: int, degrees: tuple[int, ...]) -> bool:
+def representable(total: int, degrees: tuple[int, ...]) -> bool:
     """Whether ``total`` GPUs split exactly into workers of ``degrees``: reachable sums, built up from 0 (a
     recursion on the remainder ran past Python's depth at 512 GPUs of degree 1)."""
     if total < 0:

@@ -101,6 +101,12 @@ class Workload:
     def mean_env_s(self) -> float:
         return mean_env_s(self.trajectories)
 
+    @property
+    def max_context(self) -> int:
+        """Its longest call, input and output: what every engine that may serve it must hold (the least
+        ``max_model_len`` a deployment could give it)."""
+        return max((i + o for t in self.trajectories for i, o in t.calls), default=0)
+
     def by_prompt(self) -> dict[str, list[WorkTraj]]:
         """Each prompt's samples (its group), prompts and samples in the workload's order."""
         out: dict[str, list[WorkTraj]] = {}

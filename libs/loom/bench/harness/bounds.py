@@ -63,7 +63,7 @@ def _longest_alone(
 ) -> float:
     alone = [
         Alone(PerfModel(cluster.gpu, cluster.model, d), speculation, decode)
-        for d in cluster.degrees_that_fit()
+        for d in cluster.degrees_that_fit(workload.max_context)
     ]
     return max((min(a(t) for a in alone) for t in workload.trajectories), default=0.0)
 
@@ -122,7 +122,7 @@ def throughput_bound(workload: Workload, cluster: Cluster) -> float:
     if not w.decodes and not w.prefill:
         return 0.0
     best = float("inf")
-    for d in cluster.degrees_that_fit():
+    for d in cluster.degrees_that_fit(workload.max_context):
         perf = PerfModel(cluster.gpu, cluster.model, d)
         iters = max(1.0, w.decodes / cluster.max_running, w.decode_kv / perf.kv_capacity_tokens())
         step = perf.iteration_time(

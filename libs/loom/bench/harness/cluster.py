@@ -10,7 +10,7 @@ import numpy as np
 from loom.engine.model.perf import PerfModel
 from loom.policies.partition import WorkerProfile
 from loom.policies.profiles import STEP_TOKENS, placement_profile, tool_seconds
-from loom.policies.resources import ResourceProblem, anneal
+from loom.policies.resources import ResourceProblem, anneal, representable
 from loom.protocol import ResolvedPolicy
 from loom.workloads.coding import TOOL_MEAN_S as CODING_TOOL_S
 
@@ -31,12 +31,14 @@ class Cluster:
     # Output tokens of a step: with ``tool_s``, the share of a trajectory's time it spends generating.
     step_tokens: float = STEP_TOKENS
 
-    def degrees_that_fit(self) -> list[int]:
-        return [
-            d
-            for d in DEGREES
-            if d <= self.gpus and PerfModel(self.gpu, self.model, d).kv_capacity_tokens() > 0
-        ]
+    def holds(self, degree: int, context: int) -> bool:
+        """Whether a worker at ``degree`` can serve a request of ``context`` tokens (a workload's
+        ``max_context``): every engine serves whichever trajectory the router sends it, and vLLM refuses to
+        start with a ``max_model_len`` its KV cache cannot hold."""
+        return PerfModel(self.gpu, self.model, degree).kv_capacity_tokens() >= max(1, context)
+
+    def degrees_that_fit(self, context: int) -> list[int]:
+        return [d for d in DEGREES if d <= self.gpus and self.holds(d, context)]
 
     def profile(self, degree: int, max_group: int) -> WorkerProfile:
         """F and T of a worker at ``degree``: the closed form, under any queue order."""
@@ -67,18 +69,26 @@ def allocate(
     prefill: Sequence[float] | None = None,
     tool: Sequence[float] | None = None,
     log_sd: float = 0.0,
+    context: int = 0,
 ) -> list[int]:
     """Worker degrees, largest first: the job's fixed MP, the model's baseline MP, or annealed (Heddle §6),
     the annealing weighing each trajectory's tool seconds (``tool``, else ``tool_time``'s estimate), which
     no degree shortens, and pricing each allocation at the predictor's error ``log_sd`` (the log sd of
-    actual over ``predicted``; 0: exact)."""
+    actual over ``predicted``; 0: exact), on degrees that hold a request of ``context`` tokens, on as many
+    of the GPUs as those degrees can split (where degree 1 cannot hold it, an odd GPU is left idle)."""
     if policy.resources == "adaptive":
-        fits = cluster.degrees_that_fit()
+        fits = cluster.degrees_that_fit(context)
+        if not fits:
+            raise ValueError(
+                f"no degree up to {min(cluster.gpus, DEGREES[-1])} of {cluster.model} on {cluster.gpu} holds "
+                f"a request of {context} tokens"
+            )
+        gpus = next(g for g in range(cluster.gpus, 0, -1) if representable(g, tuple(fits)))
         top = len(predicted) if weights is None else int(np.ceil(sum(weights))) + 1
         profiles = {d: cluster.profile(d, top) for d in fits}
         problem = ResourceProblem(
             predicted,
-            cluster.gpus,
+            gpus,
             profiles,
             weights=weights,
             prefill=prefill,
@@ -90,4 +100,8 @@ def allocate(
     mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
     if cluster.gpus % mp:
         raise ValueError(f"{cluster.gpus} GPUs cannot all run at MP {mp}")
+    if not cluster.holds(mp, context):
+        raise ValueError(
+            f"{cluster.model} at MP {mp} on {cluster.gpu} cannot hold a request of {context} tokens"
+        )
     return [mp] * (cluster.gpus // mp)

@@ -287,7 +287,9 @@ def run_rollout(
     cluster = dataclasses.replace(cluster, context_len=ref, step_tokens=step_tokens)
     prefill = [pred.prefill(t) for t in trajs]
     tools = [pred.tool(t, cluster, p) for t, p in zip(trajs, initial, strict=True)]
-    degrees = allocate(policy, cluster, initial, seed, weights, prefill, tools, pred.admission_log_sd)
+    degrees = allocate(
+        policy, cluster, initial, seed, weights, prefill, tools, pred.admission_log_sd, workload.max_context
+    )
     preemptive = policy.order in ("pps", "autellix")
     sim = VirtualSim()
     engines = [
