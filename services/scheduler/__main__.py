@@ -136,6 +136,7 @@ class Scheduler:
             self.role.active = False
             # Another may act already: stop now, before the API's graceful shutdown and the drain.
             await rt.stop_handling()
+            self.jobs.stop_acting()
             await self.streams.close()
             lost.append(e)
             rt.stopping.set()

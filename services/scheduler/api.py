@@ -29,7 +29,7 @@ from loom.runtime.service import Runtime
 from services.scheduler import openapi
 from services.scheduler.dashboard import BrowserSessions, Dashboard
 from services.scheduler.gateway import add_gateway_routes
-from services.scheduler.jobs import JobManager, JobTooLarge, QuotaExceeded
+from services.scheduler.jobs import JobManager, JobTooLarge, NotActing, QuotaExceeded
 from services.scheduler.openapi import answers
 from services.scheduler.rljobs import RLJobExists, RLJobManager
 from services.scheduler.streams import StreamManager
@@ -206,6 +206,14 @@ def build_app(
 
     for exc in bus.JS_FAILING_OVER:
         app.add_exception_handler(exc, failing_over)
+
+    async def not_acting(request: Request, e: Exception) -> JSONResponse:
+        # Its successor answers the same request: the client (or the standby's forwarding) sends it again.
+        return JSONResponse(
+            status_code=503, content={"detail": f"{e}; try again"}, headers={"Retry-After": "1"}
+        )
+
+    app.add_exception_handler(NotActing, not_acting)
     browsers = BrowserSessions()
     add_auth(app, rt, tokens, int(jobs.settings.max_body_mb * 2**20), browsers)
     unreadable = rt.metrics.counter("results_unreadable_total", "Result records skipped as unreadable")

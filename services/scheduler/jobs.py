@@ -63,6 +63,10 @@ class JobTooLarge(Exception):
     """The job's record does not fit in one bus message (413)."""
 
 
+class NotActing(Exception):
+    """This scheduler lost its lease: another writes the job records now, and nothing was written (503)."""
+
+
 def _breaker(job: Job) -> Breaker:
     return Breaker(min(job.spec.fail_fast, job.n_trajectories))
 
@@ -85,7 +89,10 @@ class JobManager:
         self._lock = asyncio.Lock()
         self._starting: set[str] = set()  # jobs being placed and dispatched
         self._launching: set[asyncio.Task[None]] = set()
-        self._saving: set[str] = set()  # jobs whose progress save is scheduled
+        self._saving: dict[str, asyncio.TimerHandle] = {}  # jobs whose progress save is scheduled
+        # False once this instance lost its lease (``stop_acting``): what it still had scheduled or in flight
+        # must not overwrite the records its successor keeps.
+        self.acting = True
         m = rt.metrics
         self.m_jobs = m.counter("jobs_submitted_total", "Jobs accepted")
         self.m_trajs = m.counter("trajectories_dispatched_total", "Trajectories queued for environments")
@@ -209,9 +216,10 @@ class JobManager:
         return self.jobs[job_id].state in ("cancelled", "failed")
 
     async def _write_live(self, job_id: str, items: list[T], write: Callable[[T], Awaitable[object]]) -> bool:
-        """``write`` every item, 256 at a time, until the job is cancelled; whether all were written."""
+        """``write`` every item, 256 at a time, until the job is cancelled or this instance stops acting;
+        whether all were written."""
         for chunk in _chunks(items, 256):
-            if self._cancelled(job_id):
+            if self._cancelled(job_id) or not self.acting:
                 return False
             await asyncio.gather(*(write(x) for x in chunk))
         return True
@@ -255,7 +263,7 @@ class JobManager:
 
     async def _on_traj_done(self, ev: TrajDone, _msg: Msg) -> None:
         seen = self.done.get(ev.job_id)
-        if seen is None:
+        if seen is None or not self.acting:
             return
         cause = self._finished(ev.job_id, ev.traj_id, ev.status, ev.cause)
         if cause is not None:
@@ -267,8 +275,7 @@ class JobManager:
         elif ev.job_id not in self._saving:
             # Progress is saved in batches: one save per finished trajectory rewrote a 45 KB record each
             # time and made the scheduler the fleet's first bottleneck.
-            self._saving.add(ev.job_id)
-            asyncio.get_running_loop().call_later(
+            self._saving[ev.job_id] = asyncio.get_running_loop().call_later(
                 self.settings.progress_save_s, self._save_progress, ev.job_id
             )
 
@@ -283,7 +290,7 @@ class JobManager:
         return self.breakers[job_id].see(status, cause)
 
     def _save_progress(self, job_id: str) -> None:
-        self._saving.discard(job_id)
+        self._saving.pop(job_id, None)
         task = asyncio.create_task(self._refresh(job_id, recount=False))
         self._launching.add(task)
         task.add_done_callback(self._launching.discard)
@@ -375,7 +382,23 @@ class JobManager:
 
     # ------------------------------------------------------------------ store
 
+    def stop_acting(self) -> None:
+        """This instance lost its lease: its successor reloads every job from the bus and keeps its records
+        from now on. Cancel the progress saves and launches still pending here and write nothing more (they
+        went on until the process exited, seconds after the successor took over, and could overwrite a record
+        it had since advanced, a completed job back to running)."""
+        self.acting = False
+        for timer in self._saving.values():
+            timer.cancel()
+        self._saving.clear()
+        for task in list(self._launching):
+            task.cancel()
+
     async def _save(self, job: Job) -> None:
+        if not self.acting:
+            raise NotActing(
+                f"job {job.id}: this scheduler lost its lease, and its successor keeps the record"
+            )
         await self.kv_jobs.put(job.id, encode(job))
         self.jobs[job.id] = job
 

@@ -22,12 +22,25 @@ from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
-from loom.protocol import Step, Stream, StreamRef, Trajectory, subjects
+from loom.protocol import (
+    Job,
+    JobSpec,
+    Step,
+    Stream,
+    StreamRef,
+    TrajDone,
+    Trajectory,
+    decode,
+    encode,
+    subjects,
+)
 from loom.runtime import bus, results
 from loom.runtime.lease import Holder, lease_bucket
+from loom.runtime.service import Runtime
 from loom_cli.client import LoomClient
 from loom_cli.deploy import free_port
 from services.scheduler.__main__ import Scheduler
+from services.scheduler.jobs import JobManager, NotActing
 from services.scheduler.settings import SchedulerSettings
 from tests.conftest import API_TOKEN, AUTH, Services, need_shared
 from tests.integration.helpers import api_answers
@@ -91,6 +104,50 @@ async def test_a_scheduler_that_loses_its_lease_closes_its_api_and_exits(
         log.close()
         await nc.close()
     assert b"stops: lease scheduler was taken by other" in (tmp_path / "scheduler.log").read_bytes()
+
+
+async def test_what_a_scheduler_had_pending_when_it_lost_its_lease_writes_nothing(nats_url: str) -> None:
+    """Its progress saves (batched, a timer each) and launches went on until the process exited, seconds
+    after its successor took over, and could overwrite a record the successor had advanced since."""
+    need_shared("data/traces/swe-gemini3pro.jsonl.gz")
+    settings = SchedulerSettings(nats_url=nats_url, progress_save_s=0.5, instance="s")
+    rt = Runtime("scheduler", settings)
+    await rt.connect()
+    try:
+        await bus.ensure_streams(rt.js)
+        jobs = JobManager(rt, settings)
+        await jobs.start()
+        job = await jobs.submit(msgspec.convert(JOB, JobSpec))
+
+        async def stored() -> Job:
+            return decode((await jobs.kv_jobs.get(job.id)).value, Job)
+
+        async def done(traj: str) -> None:
+            event = TrajDone(job.id, traj, "completed", 1.0, 10, 1)
+            await rt.nc.publish(subjects.traj_done(job.id), encode(event))
+
+        # Acting: a finished trajectory's count is saved once its batch's timer fires.
+        await done("t0")
+        for _ in range(100):
+            if (await stored()).completed == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (await stored()).completed == 1
+        # The next one's save is pending when the lease goes.
+        await done("t1")
+        for _ in range(100):
+            if job.id in jobs._saving:
+                break
+            await asyncio.sleep(0.01)
+        assert job.id in jobs._saving
+        jobs.stop_acting()
+        await asyncio.sleep(1.0)
+        assert (await stored()).completed == 1
+        with pytest.raises(NotActing, match="lost its lease"):
+            await jobs.cancel(job.id)
+        assert (await stored()).state == "pending"
+    finally:
+        await rt.nc.close()
 
 
 def _traj(job: str, i: int) -> Trajectory:
