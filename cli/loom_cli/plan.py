@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.bench import plan as planner
-from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.cluster import Cluster, fixed_degree
 from loom.bench.rollout import add_workload_arguments, replay_of
+from loom.protocol import PRESETS
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     if args.step == "all":
         raise SystemExit("loom plan: one training step's batch (--step N), not all")
+    # Checked before the workload loads and the predictor trains: every baseline runs on the size asked.
+    try:
+        for s in planner.SYSTEMS:
+            fixed_degree(PRESETS[s], Cluster(gpus=args.gpus, model=args.model))
+    except ValueError as e:
+        raise SystemExit(f"loom plan: {e}") from None
     replay = replay_of(args)
     cluster = Cluster(gpus=args.gpus, gpu=args.gpu, model=args.model, tool_s=replay.tool_s)
     out = planner.plan(replay.workload, cluster, args.predictor, replay.learned, args.seed)

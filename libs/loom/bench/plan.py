@@ -31,7 +31,8 @@ from loom.workloads import Workload
 
 SYSTEMS = ("heddle", "verl", "verl_star", "slime")
 FIGURES = ("makespan_s", "throughput_tok_s", "tail_share", "makespan_over_lb")
-# The sweep: the size asked for, halved and doubled (never below one 8-GPU node).
+# The sweep: the size asked for, halved and doubled, in whole 8-GPU nodes (never below one), so that every
+# baseline's MP splits each size.
 SWEEP = (0.125, 0.25, 0.5, 1.0, 2.0)
 MIN_GPUS = 8
 # The measured saturation: the smallest size within this much of the best makespan of the sweep.
@@ -39,7 +40,7 @@ FLAT = 0.05
 
 
 def sweep_sizes(gpus: int) -> list[int]:
-    return sorted({max(MIN_GPUS, int(gpus * f)) for f in SWEEP} | {gpus})
+    return sorted({max(MIN_GPUS, int(gpus * f) // MIN_GPUS * MIN_GPUS) for f in SWEEP if f != 1.0} | {gpus})
 
 
 def plan(

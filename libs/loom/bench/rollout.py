@@ -19,7 +19,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from loom.bench.harness.cluster import Cluster
+from loom.bench.harness.cluster import Cluster, fixed_degree
 from loom.bench.harness.learned import FOLDS, STEPS_PER_FOLD, Budget, Learned
 from loom.bench.harness.rollout import PREDICTORS, run_rollout
 from loom.bench.harness.served import GROUP, QUICK_ROW_PROMPTS, ROW_PROMPTS, for_file, served
@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for b in filter(None, args.baselines.split(",")):
         runs.setdefault(b, _policy(b))
     gpus = min(args.gpus, 8) if args.quick else args.gpus
+    try:
+        for pol in runs.values():
+            fixed_degree(pol.resolved(), Cluster(gpus=gpus, model=args.model))
+    except ValueError as e:
+        raise SystemExit(f"loom bench rollout: {e}") from None
     replay = replay_of(args)
     workload, learned, predictor, source = replay.workload, replay.learned, replay.predictor, replay.source
     cluster = Cluster(gpus=gpus, gpu=args.gpu, model=args.model, tool_s=replay.tool_s)

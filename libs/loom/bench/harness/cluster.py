@@ -54,6 +54,19 @@ class Cluster:
         )
 
 
+def fixed_degree(policy: ResolvedPolicy, cluster: Cluster) -> int | None:
+    """The one degree every worker runs at under a policy that fixes it (its MP, else the model's baseline
+    MP); None where the allocation is annealed. Raises where the cluster's GPUs do not split into it."""
+    if policy.resources == "adaptive":
+        return None
+    mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
+    if cluster.gpus % mp:
+        raise ValueError(
+            f"{cluster.gpus} GPUs cannot all run {cluster.model} at MP {mp}: give a multiple of {mp}"
+        )
+    return mp
+
+
 def tool_time(cluster: Cluster, predicted: float) -> float:
     """A trajectory's predicted seconds in tools: its predicted calls (its predicted output over a step's
     tokens) at the cluster's tool time per call."""
@@ -97,9 +110,8 @@ def allocate(
             seed=seed,
         )
         return list(anneal(problem, seed=seed).degrees)
-    mp = policy.fixed_mp if policy.fixed_mp > 1 else BASELINE_MP.get(cluster.model, 1)
-    if cluster.gpus % mp:
-        raise ValueError(f"{cluster.gpus} GPUs cannot all run at MP {mp}")
+    mp = fixed_degree(policy, cluster)
+    assert mp is not None
     if not cluster.holds(mp, context):
         raise ValueError(
             f"{cluster.model} at MP {mp} on {cluster.gpu} cannot hold a request of {context} tokens"
