@@ -120,7 +120,11 @@ def header(token: str) -> dict[str, str]:
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(32)
+    # Never starting with "-": given as `--token TOKEN`, argparse takes it for an option ("expected one
+    # argument"). One ``token_urlsafe`` in 64 does; CI met one in examples/textarena/play.py.
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 def home_token(home: Path, create: bool = False) -> str | None:
