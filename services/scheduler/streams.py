@@ -259,6 +259,9 @@ class StreamManager:
     async def taken(self, b: BatchTaken) -> Stream:
         """The trainer took these groups (and dropped ``stale`` ones the bound no longer admits)."""
         async with self._lock(b.stream_id):
+            if self.get(b.stream_id).state == "completed":
+                # The last report asked again, its answer lost: its groups were counted, and they completed it.
+                return self.streams[b.stream_id]
             st = self._running(b.stream_id)
             opened = dict(st.open)
             retry = list(st.retry)

@@ -97,3 +97,17 @@ async def test_past_the_election_the_service_says_failover_and_the_rest_edge_503
         finally:
             back.cancel()
             await bus.ensure_streams(nc.jetstream())
+
+
+async def test_the_last_report_asked_again_answers_the_completed_stream(nc: NATS, services: Services) -> None:
+    """The report that completes a finite stream, its answer lost and asked again, once failed the trainer with
+    "gone: stream ... is completed" after it had taken every group."""
+    await start_scheduler(services)
+    async with await StreamClient.create(nc, _spec(buffer_groups=4)) as stream:
+        last = BatchTaken(stream.id, stream.version, groups=[])
+        while stream.stream.open:
+            last = BatchTaken(stream.id, stream.version, groups=sorted(stream.stream.open))
+            await stream._report(last)
+        assert stream.stream.state == "completed" and stream.stream.delivered == 8, stream.stream
+        await stream._report(last)
+        assert stream.stream.state == "completed" and stream.stream.delivered == 8

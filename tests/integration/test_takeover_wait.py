@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from loom.protocol import DatasetRef, ErrorReply, PhaseAck, Stream, StreamSpec, encode, subjects
+from loom.runtime.leader import ask_active
 from loom.trainer.client import StreamClient
 from loom.trainer.phases import PhaseClient, PhaseError
 
@@ -69,3 +70,39 @@ async def test_a_co_scheduled_job_waits_out_the_takeover_too(
 
 async def _refuse(msg: Msg) -> None:
     await msg.respond(encode(ErrorReply("not_found", "no such job")))
+
+
+async def test_a_read_the_dying_scheduler_held_is_asked_again_of_its_successor(
+    nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler killed with -9 holding a trainer's request answers nothing, nor says so: the request timed
+    out and the trainer's ``get_batch`` failed with ``TimeoutError`` mid-takeover (the HA test in CI). A read is
+    asked again; a request that is not idempotent may have been done, so its timeout stays the caller's."""
+    monkeypatch.setenv("LOOM_LEASE_TTL_S", "1")
+    spec = StreamSpec(dataset=DatasetRef(name="swe-replay", limit=2), group_size=2, epochs=1)
+    record = Stream("str-1", spec, "running", time.time(), time.time() + 60)
+    held: list[Msg] = []
+    got = asyncio.Event()
+
+    async def hold(msg: Msg) -> None:
+        held.append(msg)
+        got.set()
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(encode(record))
+
+    dying = await nc.subscribe(subjects.STREAM_GET, cb=hold)
+    stream = StreamClient(nc, record)
+    try:
+        reading = asyncio.create_task(stream.refresh())
+        await asyncio.wait_for(got.wait(), 5)
+        await dying.unsubscribe()  # dead, the request unanswered
+        await nc.subscribe(subjects.STREAM_GET, cb=answer)
+        assert (await asyncio.wait_for(reading, 15)).id == "str-1"
+        assert len(held) == 1
+
+        await nc.subscribe(subjects.STREAM_CREATE, cb=hold)
+        with pytest.raises(TimeoutError):
+            await ask_active(nc, subjects.STREAM_CREATE, spec, Stream, timeout_s=0.5)
+    finally:
+        await stream.close(cancel=False)

@@ -65,7 +65,7 @@ class StreamClient:
     async def attach(cls, nats: str | NATS, stream_id: str) -> StreamClient:
         """Take over an existing stream (e.g. a restarted trainer): groups it had not taken are still there."""
         nc, own = await _connect(nats)
-        st = await ask_active(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream)
+        st = await ask_active(nc, subjects.STREAM_GET, StreamRef(stream_id), Stream, idempotent=True)
         return cls(nc, st, own)
 
     async def __aenter__(self) -> StreamClient:
@@ -123,7 +123,9 @@ class StreamClient:
         return res
 
     async def refresh(self) -> Stream:
-        self.stream = await ask_active(self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream)
+        self.stream = await ask_active(
+            self.nc, subjects.STREAM_GET, StreamRef(self.id), Stream, idempotent=True
+        )
         return self.stream
 
     @property
@@ -139,26 +141,28 @@ class StreamClient:
             self._lease = None
         if cancel and not self.nc.is_closed:
             with contextlib.suppress(bus.BusError, TimeoutError):
-                self.stream = await ask_active(self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream)
+                self.stream = await ask_active(
+                    self.nc, subjects.STREAM_CANCEL, StreamRef(self.id), Stream, idempotent=True
+                )
         await self.buffer.close(delete=cancel)
         if self._own and not self.nc.is_closed:
             await self.nc.drain()
 
     async def _report(self, taken: BatchTaken) -> None:
-        for attempt in range(5):
-            try:
-                self.stream = await ask_active(self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10)
-                return
-            except TimeoutError:
-                await asyncio.sleep(0.5 * 2**attempt)
-        raise TimeoutError(f"the scheduler did not acknowledge the batch taken from {self.id}")
+        # Asked again through a takeover: the scheduler counts a report's groups once (``streams.taken``).
+        try:
+            self.stream = await ask_active(
+                self.nc, subjects.STREAM_TAKEN, taken, Stream, timeout_s=10, idempotent=True
+            )
+        except TimeoutError:
+            raise TimeoutError(f"the scheduler did not acknowledge the batch taken from {self.id}") from None
 
     async def _renew_forever(self) -> None:
         period = max(0.5, self.stream.spec.lease_s / 4)
         while True:
             await asyncio.sleep(period)
             try:
-                await ask_active(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream)
+                await ask_active(self.nc, subjects.STREAM_LEASE, StreamRef(self.id), Stream, idempotent=True)
             except Exception as e:  # the next renewal may get through; the lease outlasts a few misses
                 log.warning("lease renewal of %s failed: %s", self.id, e)
 
