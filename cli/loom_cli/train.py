@@ -274,7 +274,9 @@ def stream_spec(cfg: TrainConfig, alpha: int) -> StreamSpec:
         max_turns=task.max_turns,
         max_tokens=task.max_tokens,
         max_turn_tokens=task.turn_tokens,
-        sampling=SamplingParams(temperature=1.0, logprobs=True),
+        # Seeded: a rerun samples what this one did wherever the arithmetic repeats (a request id names the
+        # stream, a new one each run, and would draw anew).
+        sampling=SamplingParams(temperature=1.0, logprobs=True, seeded=True),
         tool_timeout_s=10.0,
         seed=cfg.seed,
         async_bound=alpha,
@@ -395,7 +397,9 @@ def score_heldout(
                 "max_turns": task.max_turns,
                 "max_tokens": task.max_tokens,
                 "max_turn_tokens": task.turn_tokens,
-                "sampling": {"temperature": 1.0},
+                # Seeded: the evaluations before and after training draw each call from the same seed (common
+                # random numbers), so their difference is the policy's, not the draws'.
+                "sampling": {"temperature": 1.0, "seeded": True},
                 "seed": cfg.seed,
             }
         )

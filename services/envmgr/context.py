@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,14 @@ class ModelCall:
         )
 
 
+def call_seed(traj_seed: int, step: int, sample: int = 0) -> int:
+    """A model call's sampling seed (``SamplingParams.seeded``): its trajectory's seed (the job's seed, group
+    and sample), turn and sample, hashed so that neighbouring calls draw far apart; 63 bits, as vLLM and
+    torch take."""
+    digest = hashlib.blake2b(f"{traj_seed}:{step}:{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 async def call_model(
     ctx: LoopContext,
     work: TrajWork,
@@ -158,6 +167,7 @@ async def call_model(
         stop_token_ids=stop_token_ids or None,
         top_logprobs=top_logprobs,
         forced_ids=forced_ids,
+        seed=call_seed(work.seed, step, sample) if sampling.seeded else None,
     )
     res = await ctx.gen.generate(req)
     if res.finish_reason == "abort":

@@ -270,6 +270,7 @@ class RolloutWorker:
             stop_token_ids=req.stop_token_ids,
             top_logprobs=req.top_logprobs,
             forced_ids=req.forced_ids,
+            seed=req.seed,
         )
         reply: GenResult | GenError
         try:

@@ -237,3 +237,28 @@ def test_reasoning_gym_datasets_run_as_environments(loom_up: LoomUp, tmp_path: P
     for t in loom_up.results(tmp_path, free):
         (step,) = t["steps"]
         assert step["prompt_ids"] and len(step["output_ids"]) == len(step["output_logprobs"]) == 8, t
+
+
+def test_a_seeded_job_samples_the_same_tokens_when_run_again(loom_up: LoomUp, tmp_path: Path) -> None:
+    """``sampling.seeded``: each call's seed comes from the job's seed and the call's place, not its request id
+    (which names the job), so a rerun samples what the first run did, call for call; unseeded, it does not."""
+    base = {"env": "coin", "dataset": {"limit": 3}, "group_size": 2, "max_turns": 2, "max_turn_tokens": 16}
+
+    def calls(sampling: dict[str, object]) -> dict[tuple[str, int, int], list[int]]:
+        job_id = loom_up.submit(tmp_path, {**base, "sampling": sampling})
+        job = loom_up.wait_job(job_id, timeout=120)
+        assert job["state"] == "completed" and job["failed"] == 0, job
+        return {
+            (t["task_id"], t["sample"], i): s["output_ids"]
+            for t in loom_up.results(tmp_path, job_id)
+            for i, s in enumerate(t["steps"])
+        }
+
+    first, again = calls({"seeded": True}), calls({"seeded": True})
+    assert len(first) >= 6 and first == again
+    # Each sample of a group still draws its own tokens.
+    assert len({tuple(ids) for (_, _, step), ids in first.items() if step == 0}) == len(
+        [k for k in first if k[2] == 0]
+    )
+    unseeded = calls({})
+    assert all(unseeded[k] != ids for k, ids in first.items() if k in unseeded and k[2] == 0)

@@ -72,6 +72,38 @@ async def test_sglang_with_the_same_server_defaults() -> None:
         check(await _sample(client))
 
 
+async def _seeded_draws(client: Engine) -> list[list[int] | None]:
+    async def draw(rid: str, seed: int | None) -> list[int] | None:
+        r = request(rid, n=40, input_ids=PROMPT, temperature=TEMPERATURE, top_p=1.0, seed=seed)
+        return (await client.generate(r)).output_ids
+
+    return [
+        await draw("job-a.t0.0", 2**62 + 5),
+        await draw("job-b.t0.0", 2**62 + 5),
+        await draw("job-a.t0.0", 6),
+        await draw("job-c.t0.0", None),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_a_request_s_seed_reaches_the_server_and_repeats_its_draw(kind: str) -> None:
+    """vLLM's ``seed`` and SGLang's ``sampling_seed``: two requests of one seed and prompt, under other ids, draw
+    the same tokens; another seed, or none, draws apart."""
+    engine = (
+        vllm_server.sim_engine(MODEL, "h100", 1, Clock(500.0))
+        if kind == "vllm"
+        else SimEngine(model=MODEL, clock=Clock(500.0))
+    )
+    if kind == "vllm":
+        app, client = vllm_server.build_app(engine, vllm_server.Options()), VLLMEngine
+    else:
+        app, client = sglang_server.build_app(engine, sglang_server.Options()), SGLangEngine
+    async with SimServer(engine, app) as server, started(client(server.url, model=MODEL)) as c:
+        a, b, other, unseeded = await _seeded_draws(c)
+    assert a == b and a is not None and len(a) == 40
+    assert other != a and unseeded != a
+
+
 def test_the_brute_force_agrees_with_itself() -> None:
     """The reference is a distribution: its probabilities sum to 1 after any token."""
     for prev in itertools.islice(range(0, 200_000, 9973), 5):

@@ -165,6 +165,22 @@ async def test_sampler_draws_from_the_distribution_and_its_nucleus() -> None:
     assert freqs(0.65) == pytest.approx([0.0, 0.0, 2 / 3, 1 / 3], abs=0.03)
 
 
+async def test_a_request_s_own_seed_draws_the_same_tokens_under_any_rid(engine_at) -> None:
+    """SamplingParams.seeded: the same seed and prompt sample the same tokens whatever the rid (a rerun of a job
+    names its requests by a new job id); another seed, or none, samples apart."""
+    engine = await engine_at()
+
+    async def draw(rid: str, seed: int | None) -> list[int] | None:
+        return (await engine.generate(req(rid, PROMPTS[1], 24, temperature=1.0, seed=seed))).output_ids
+
+    first, again = await asyncio.gather(draw("job-a.t0.0", 7), draw("job-b.t0.0", 7))
+    assert first == again
+    assert len({tuple(first or ()), tuple(await draw("job-a.t1.0", 8) or ())}) == 2
+    assert (
+        len({tuple(await draw("job-a.t0.0", None) or ()), tuple(await draw("job-b.t0.0", None) or ())}) == 2
+    )
+
+
 async def test_stop_token_and_length(engine_at) -> None:
     engine = await engine_at("stop")
     stop = await engine.generate(req("s", PROMPTS[0], 10, ignore_eos=False))

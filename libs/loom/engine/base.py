@@ -66,6 +66,9 @@ class EngineRequest:
     # request's temperature where the engine can. ``max_new_tokens`` caps them (the reply is cut there, as a
     # sampled one would be); ``finish_reason`` is "length".
     forced_ids: list[int] | None = None
+    # Sample from this seed, not the engine's own stream: the same seed, input and weights draw the same
+    # tokens (vLLM's per-request ``seed``, SGLang's ``sampling_seed``).
+    seed: int | None = None
 
 
 @dataclass

@@ -50,6 +50,12 @@ def ids_key(ids: Sequence[int]) -> str:
     return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
 
 
+def seed_of(ids: Sequence[int], request_id: str, seed: int | None = None) -> str:
+    """A request's draw: its prompt and id, so that siblings of one prompt sample apart and a retry repeats; or
+    its prompt and its own seed where it gives one, so that any request of that seed and prompt repeats it."""
+    return f"{ids_key(ids)}/{request_id}" if seed is None else f"{ids_key(ids)}/seed {seed}"
+
+
 def synth_logprobs(key: str, n: int) -> list[float]:
     """``n`` placeholder log-probabilities, each the log of a uniform draw in (0, 1] from ``key``'s stream:
     at most 0, about -1 on average, the same for the same key."""

@@ -84,6 +84,12 @@ class SamplingParams(Struct, forbid_unknown_fields=True):
     # Record the log-probability of every generated token: what an importance-weighted trainer needs, so on
     # unless a job turns it off (verl, slime and AReaL keep the rollout's log-probs too).
     logprobs: bool = True
+    # Each model call samples from a seed of its own, drawn from the job's seed and the call's place (group,
+    # sample, turn), not from the engine's stream: a rerun of the job samples the same tokens wherever the
+    # engine's arithmetic repeats, and two jobs of one seed (say the evaluations before and after training)
+    # share their draws. vLLM's per-request ``seed`` (slower there: a generator per request), SGLang's
+    # ``sampling_seed`` (under --enable-deterministic-inference).
+    seeded: bool = False
 
 
 Preset = Literal["heddle", "verl", "verl_star", "slime", "sglang", "round_robin"]
@@ -387,6 +393,8 @@ class GenRequest(Struct):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] = 0
     # A scripted reply: the engine scores these tokens as its output instead of sampling (EngineRequest).
     forced_ids: list[int] | None = None
+    # The call's own sampling seed (SamplingParams.seeded); none: the engine's.
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
 
 
 class GenAccepted(Struct, tag="accepted"):

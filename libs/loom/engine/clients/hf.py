@@ -136,7 +136,7 @@ class HFEngine:
             prompt=list(req.input_ids),
             order=next(self._order),
             future=future,
-            generator=request_generator(self.seed, req.rid),
+            generator=request_generator(self.seed, req.rid, req.seed),
             submitted=time.perf_counter(),
         )
         if req.max_new_tokens == 0:

@@ -24,10 +24,12 @@ from loom.text.tokenizer import STOP_IDS
 FinishReason = Literal["length", "stop", "abort"]
 
 
-def request_generator(seed: int, rid: str) -> torch.Generator:
-    """A generator per request, derived from the engine's seed and the rid: a request samples the same tokens
-    whatever it happens to be batched with, and whether or not its KV cache was recomputed."""
-    digest = hashlib.blake2b(f"{seed}:{rid}".encode(), digest_size=8).digest()
+def request_generator(seed: int, rid: str, request_seed: int | None = None) -> torch.Generator:
+    """A generator per request, derived from the engine's seed and the request's own seed, or its rid where it
+    has none: a request samples the same tokens whatever it happens to be batched with, and whether or not its
+    KV cache was recomputed."""
+    name = rid if request_seed is None else f"seed {request_seed}"
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 

@@ -115,6 +115,8 @@ class SGLangEngine(HTTPEngine):
             params["stop"] = list(req.stop)  # SGLang keeps the ids through the token that completes one
         if req.stop_token_ids:
             params["stop_token_ids"] = list(req.stop_token_ids)
+        if req.seed is not None:
+            params["sampling_seed"] = req.seed
         if req.return_logprob or req.top_logprobs:
             # logprob_start_len left at SGLang's default (-1): the output tokens' only.
             body["return_logprob"] = True

@@ -273,6 +273,8 @@ class VLLMEngine(HTTPEngine):
             body["stop"] = list(req.stop)  # vLLM keeps the ids through the token that completes one
         if req.stop_token_ids:
             body["stop_token_ids"] = list(req.stop_token_ids)
+        if req.seed is not None:
+            body["seed"] = req.seed
         if req.return_logprob or req.top_logprobs:
             body["logprobs"] = req.top_logprobs
             body["return_tokens_as_token_ids"] = True

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from loom.engine.token_ids import QWEN3_ORDINARY, ids_key, synth_ids
+from loom.engine.token_ids import QWEN3_ORDINARY, synth_ids
 
 CANDIDATES = 64
 SPREAD = 3.0
@@ -258,8 +258,3 @@ def _background_token(ids: Sequence[int], u: float) -> int:
 def _logsumexp(xs: Sequence[float]) -> float:
     top = max(xs)
     return top + math.log(sum(math.exp(x - top) for x in xs))
-
-
-def seed_of(ids: Sequence[int], request_id: str) -> str:
-    """A request's draw: its prompt and id, so that siblings of one prompt sample apart and a retry repeats."""
-    return f"{ids_key(ids)}/{request_id}"

@@ -11,7 +11,9 @@ in Prometheus text with SGLang's metric names. It behaves as SGLang started with
 The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``,
 ``text`` is always "", and ``output_ids`` are drawn from the simulators' language model
 (``loom.engine.fakes.next_token``) under the request's sampling, merged over ``--preferred-sampling-params``,
-seeded by the input ids and the rid (a retry draws the same). Requests must carry ``input_ids``; there is no
+seeded by the input ids and the rid (a retry draws the same), or by the input ids and ``sampling_seed`` where
+the request gives one (as SGLang under --enable-deterministic-inference; without it SGLang ignores the seed).
+Requests must carry ``input_ids``; there is no
 tokenizer. With ``return_logprob`` the log-probabilities are that model's as SGLang reports them
 (log_softmax of the penalised logits at the temperature, before top-k, top-p and min-p), in SGLang's shape:
 ``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output token, ``input_token_logprobs``
@@ -61,11 +63,11 @@ from pydantic import BaseModel, ConfigDict
 
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
-from loom.engine.fakes.next_token import Sampling, raw_logprob, raw_top, sample, seed_of
+from loom.engine.fakes.next_token import Sampling, raw_logprob, raw_top, sample
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
-from loom.engine.token_ids import ContextKeys
+from loom.engine.token_ids import ContextKeys, seed_of
 from loom.weights import Incoming
 
 log = logging.getLogger(__name__)
@@ -344,6 +346,9 @@ class _SimServer:
         top = obj.top_logprobs_num or 0
         if not isinstance(top, int) or top < 0:
             raise ValueError(f"top_logprobs_num must be a non-negative integer, got {top!r}")
+        seed = params.get("sampling_seed")
+        if seed is not None and (not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
+            raise ValueError(f"sampling_seed must be a 64-bit integer, got {seed!r}")
         stop_ids = params.get("stop_token_ids") or []
         if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_ids!r}")
@@ -365,6 +370,7 @@ class _SimServer:
             return_logprob=start is not None,
             stop_token_ids=stop_ids or None,
             top_logprobs=top if start is not None else 0,
+            seed=seed,
         )
         top_k = params.get("top_k", -1)
         sampling = Sampling(
@@ -400,7 +406,7 @@ class _SimServer:
             out = await self._run(req, request)
             # Off the event loop: a long output takes a while to draw.
             steps = await asyncio.to_thread(
-                sample, ids, out.output_len, run.sampling, seed_of(ids, req.rid), req.top_logprobs
+                sample, ids, out.output_len, run.sampling, seed_of(ids, req.rid, req.seed), req.top_logprobs
             )
             output_ids = [st.token for st in steps]
             matched = _first_stop(output_ids, req.stop_token_ids)

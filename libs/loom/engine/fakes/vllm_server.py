@@ -19,7 +19,8 @@ The simulator has no tokenizer and no end-of-sequence: prompts must be token ids
 ``return_tokens_as_token_ids`` is set, and the output ids are drawn from the simulators' language model
 (``loom.engine.fakes.next_token``) under the request's sampling, each field it leaves out filled from the
 ``generation_config`` the server was given, as ``--generation-config auto`` does; the draw is seeded by the
-prompt and the request id (a retry draws the same). Log-probs are that model's, of the distribution drawn from
+prompt and the request id (a retry draws the same), or by the prompt and the request's ``seed`` where it gives
+one. Log-probs are that model's, of the distribution drawn from
 (``--logprobs-mode processed_logprobs``) or of the raw one, and a prompt's ``prompt_logprobs`` are the model's
 own; top alternatives are the most likely tokens. Past ``--max-model-len`` a request is refused, or its output
 cut, as vLLM's is. ``stop_token_ids`` end the output at the first of them (kept, ``stop_reason``
@@ -71,11 +72,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from loom.clock import Clock
 from loom.engine.base import EngineOutput, EngineRequest
 from loom.engine.clients.vllm import engine_rid
-from loom.engine.fakes.next_token import Sampling, Step, raw_logprob, raw_top, sample, seed_of
+from loom.engine.fakes.next_token import Sampling, Step, raw_logprob, raw_top, sample
 from loom.engine.fakes.serving import generate_for, is_dir, serve_engine
 from loom.engine.fakes.weight_transfer import Member, specs
 from loom.engine.sim.engine import SimEngine
-from loom.engine.token_ids import ContextKeys
+from loom.engine.token_ids import ContextKeys, seed_of
 from loom.weights import GROUP, Incoming
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class CompletionRequest(BaseModel):
     request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     return_token_ids: bool | None = None
     return_weight_versions: bool = False
+    # The request's own sampling seed: vLLM's CompletionRequest bounds it to a signed 64-bit integer.
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
 
 
 class AbortRequests(BaseModel):
@@ -372,7 +375,7 @@ class _SimServer:
             out = await self._run(req, request)
             # Off the event loop: a long output takes a while to draw.
             steps = await asyncio.to_thread(
-                sample, ids, out.output_len, sampling, seed_of(ids, rid), obj.logprobs or 0
+                sample, ids, out.output_len, sampling, seed_of(ids, rid, obj.seed), obj.logprobs or 0
             )
             stop = next((i for i, st in enumerate(steps) if st.token in stops), None)
             if stop is not None and out.finish_reason != "abort":

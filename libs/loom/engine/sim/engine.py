@@ -12,7 +12,7 @@ from loom.clock import Clock
 from loom.engine.base import EngineInfo, EngineLoad, EngineOutput, EngineRequest, cancel_loop
 from loom.engine.model.train_perf import weight_sync_s
 from loom.engine.sim.core import SimCore, build_core
-from loom.engine.token_ids import ids_key, synth_ids, synth_logprobs, synth_top_logprobs
+from loom.engine.token_ids import ids_key, seed_of, synth_ids, synth_logprobs, synth_top_logprobs
 from loom.weights import Incoming
 
 __all__ = ["SimCore", "SimEngine"]
@@ -235,7 +235,7 @@ def _with_ids(req: EngineRequest, out: EngineOutput) -> EngineOutput:
         return _with_logprobs(req, out, f"{ids_key(req.input_ids or [])}/{ids_key(out.output_ids)}")
     if req.input_ids is None or out.output_ids is not None:
         return out
-    key = f"{ids_key(req.input_ids)}/{req.rid}"
+    key = seed_of(req.input_ids, req.rid, req.seed)
     out.output_ids = synth_ids(key, out.output_len)
     if req.stop_token_ids:
         # The run was charged in full (the core knows no tokens); the output ends at the first stop id.
