@@ -159,6 +159,9 @@ class SampleBuffer:
                 await self._drop(stale, st.version)
                 dropped += len(stale)
                 stale = []
+        # In the order the stream opened them, not the order they finished: a batch of the same groups is the
+        # same batch (its minibatches, its gradients), however the engines' timings fell.
+        got.sort(key=lambda mg: mg[1].group)
         groups = await asyncio.gather(*(self._read_group(g) for _, g in got))
         # Acknowledged before reported: a group reaches at most one trainer; the report is idempotent.
         for m, _ in got + stale:
