@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +9,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client import Counter, Histogram
 
 from loom.clock import Clock
+from loom.engine.token_ids import seed63
 from loom.protocol import GenRequest, GenResult, SamplingParams, Step, Trajectory, TrajStatus, TrajWork
 from loom.runtime.genclient import GenClient
 from loom.runtime.workers import ContextLimits
@@ -118,10 +118,8 @@ class ModelCall:
 
 def call_seed(traj_seed: int, step: int, sample: int = 0) -> int:
     """A model call's sampling seed (``SamplingParams.seeded``): its trajectory's seed (the job's seed, group
-    and sample), turn and sample, hashed so that neighbouring calls draw far apart; 63 bits, as vLLM and
-    torch take."""
-    digest = hashlib.blake2b(f"{traj_seed}:{step}:{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
+    and sample), turn and sample, hashed so that neighbouring calls draw far apart."""
+    return seed63(f"{traj_seed}:{step}:{sample}")
 
 
 async def call_model(

@@ -50,6 +50,13 @@ def ids_key(ids: Sequence[int]) -> str:
     return hashlib.blake2b(array("I", ids).tobytes(), digest_size=16).hexdigest()
 
 
+def seed63(text: str) -> int:
+    """A sampling seed named by ``text``: 63 bits of its hash, what torch's ``manual_seed`` and vLLM's
+    per-request ``seed`` (a signed 64-bit integer) both take."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def seed_of(ids: Sequence[int], request_id: str, seed: int | None = None) -> str:
     """A request's draw: its prompt and id, so that siblings of one prompt sample apart and a retry repeats; or
     its prompt and its own seed where it gives one, so that any request of that seed and prompt repeats it."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from loom.engine.base import EngineOutput, EngineRequest
+from loom.engine.token_ids import seed63
 from loom.text.tokenizer import STOP_IDS
 
 FinishReason = Literal["length", "stop", "abort"]
@@ -29,8 +29,7 @@ def request_generator(seed: int, rid: str, request_seed: int | None = None) -> t
     has none: a request samples the same tokens whatever it happens to be batched with, and whether or not its
     KV cache was recomputed."""
     name = rid if request_seed is None else f"seed {request_seed}"
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return torch.Generator().manual_seed(seed63(f"{seed}:{name}"))
 
 
 @dataclass(eq=False)
