@@ -8,20 +8,20 @@ entrypoints/http_server.py and managers/io_struct.py upstream): /generate (JSON,
 in Prometheus text with SGLang's metric names. It behaves as SGLang started with
 --enable-priority-scheduling and --enable-metrics. Times, in responses and metrics, are simulated seconds.
 
-The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``,
-``text`` is always "", and ``output_ids`` are drawn from the simulators' language model
+The simulator generates no text and has no end-of-sequence: every request runs to ``max_new_tokens``, ``text``
+is always "", and ``output_ids`` are drawn from the simulators' language model
 (``loom.engine.fakes.next_token``) under the request's sampling, merged over ``--preferred-sampling-params``,
 seeded by the input ids and the rid (a retry draws the same), or by the input ids and ``sampling_seed`` where
 the request gives one (as SGLang under --enable-deterministic-inference; without it SGLang ignores the seed).
-Requests must carry ``input_ids``; there is no
-tokenizer. With ``return_logprob`` the log-probabilities are that model's as SGLang reports them
-(log_softmax of the penalised logits at the temperature, before top-k, top-p and min-p), in SGLang's shape:
-``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per output token, ``input_token_logprobs``
-the same for the prompt from ``logprob_start_len`` (-1: its last position) on, the first entry's logprob null,
-as SGLang's; with ``top_logprobs_num`` ``meta_info.output_top_logprobs`` holds the most likely tokens, one list
-of [logprob, token_id, null] per output token. A prompt past ``--context-length``, or an explicit
-``max_new_tokens`` that cannot fit, is refused as SGLang refuses it. ``stop_token_ids`` end the output at the first of them (kept, finish_reason "stop" with
-``matched``); stop strings need text, which the simulator has none of: they never match.
+Requests must carry ``input_ids``; there is no tokenizer. With ``return_logprob`` the log-probabilities are
+that model's as SGLang reports them (log_softmax of the penalised logits at the temperature, before top-k,
+top-p and min-p), in SGLang's shape: ``meta_info.output_token_logprobs`` is one [logprob, token_id, null] per
+output token, ``input_token_logprobs`` the same for the prompt from ``logprob_start_len`` (-1: its last
+position) on, the first entry's logprob null, as SGLang's; with ``top_logprobs_num``
+``meta_info.output_top_logprobs`` holds the most likely tokens, one list of [logprob, token_id, null] per
+output token. A prompt past ``--context-length``, or an explicit ``max_new_tokens`` that cannot fit, is
+refused as SGLang refuses it. ``stop_token_ids`` end the output at the first of them (kept, finish_reason
+"stop" with ``matched``); stop strings need text, which the simulator has none of: they never match.
 
 Weight updates (/update_weights_from_disk) follow SGLang's http_server and scheduler: not paused, the update
 waits for the requests in flight and holds new ones (SGLang's model-update lock); paused, it loads at once.
